@@ -1,0 +1,26 @@
+"""The repository passes its own linters: ruff for Python, ansible-lint (production) for YAML."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ruff", "check", "."],
+        ["ruff", "format", "--check", "."],
+        ["ansible-lint", "--offline", "-q"],
+    ],
+    ids=["ruff-check", "ruff-format", "ansible-lint"],
+)
+def test_linter_is_clean(command):
+    result = subprocess.run(
+        [str(BIN / command[0]), *command[1:]], cwd=REPO, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

@@ -1,0 +1,271 @@
+"""The planner on the fixture machines: what a user would read in the plan."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from socketwise.planner import PlanError, PlanRequest, os_reserve_gb, plan
+from socketwise.topology import detect
+
+from .machines import MACHINES, build_machine
+
+EVENS = list(range(0, 28, 2))
+ODDS = list(range(1, 28, 2))
+
+
+@pytest.fixture
+def topo(tmp_path):
+    def load(name: str) -> dict:
+        return detect(build_machine(name, tmp_path / name))
+
+    return load
+
+
+def two_core_lab_host() -> dict:
+    """The 2-core, one-node machine this project is developed and tested on."""
+    return {
+        "schema": 1,
+        "nodes": [{"id": 0, "socket": 0, "cpus": [0, 1], "cores": [[0], [1]], "memory_mb": 24000}],
+        "gpus": [],
+    }
+
+
+def binds(result: dict) -> list[str]:
+    return [i["omp_threads_bind"] for i in result["instances"]]
+
+
+def test_r730_sn_uses_twelve_even_cores_of_socket_0_like_the_field_notes(topo):
+    result = plan(topo("r730"), PlanRequest(layout="sn", model_gb=8))
+    (instance,) = result["instances"]
+    assert instance["ranks"] == [{"node": 0, "cpus": EVENS[:12]}]
+    assert instance["omp_threads_bind"] == ",".join(map(str, EVENS[:12]))
+    assert instance["membind"] == [0]
+    assert instance["tp"] == 1 and instance["port"] == 8000
+    # The two highest cores of the socket and their siblings stay with the OS.
+    assert result["nodes"] == [
+        {"node": 0, "inference_cpus": EVENS[:12], "reserved_cpus": [24, 26, 52, 54]}
+    ]
+
+
+def test_r730_tp2_bind_string_is_the_one_from_the_field_notes(topo):
+    result = plan(topo("r730"), PlanRequest(layout="tp", model_gb=8))
+    (instance,) = result["instances"]
+    assert instance["tp"] == 2
+    assert instance["omp_threads_bind"] == (
+        ",".join(map(str, EVENS[:12])) + "|" + ",".join(map(str, ODDS[:12]))
+    )
+    assert instance["membind"] == [0, 1]
+
+
+def test_r730_dp_as_vllm_data_parallel_is_one_instance_with_two_ranks(topo):
+    result = plan(topo("r730"), PlanRequest(layout="dp", dp_mode="vllm", model_gb=8))
+    assert result["dp_mode"] == "vllm"
+    (instance,) = result["instances"]
+    assert instance["data_parallel"] == 2 and instance["tp"] == 1
+    assert instance["omp_threads_bind"].count("|") == 1
+    assert result["load_balancer"] is None
+
+
+def test_r730_dp_as_instances_gets_one_port_each_behind_the_load_balancer(topo):
+    result = plan(topo("r730"), PlanRequest(layout="dp", model_gb=8, port=9000))
+    assert result["dp_mode"] == "instances"
+    assert [(i["name"], i["port"], i["membind"]) for i in result["instances"]] == [
+        ("vllm-dp0", 9001, [0]),
+        ("vllm-dp1", 9002, [1]),
+    ]
+    assert result["load_balancer"] == {
+        "port": 9000,
+        "balance": "leastconn",
+        "backends": [9001, 9002],
+    }
+    assert result["endpoint_port"] == 9000
+
+
+def test_kv_cache_follows_the_documented_formula(topo):
+    # 64 GB node, 8 GB model: 0.75 * (64 - 6.4 - 8) = 37.2 -> 37
+    result = plan(topo("r730"), PlanRequest(layout="sn", model_gb=8))
+    assert result["instances"][0]["kvcache_gb"] == 37
+    # TP-2 holds half the weights per rank: 0.75 * (64 - 6.4 - 4) = 40.2 -> 40
+    result = plan(topo("r730"), PlanRequest(layout="tp", model_gb=8))
+    assert result["instances"][0]["kvcache_gb"] == 40
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+@pytest.mark.parametrize("layout", ["sn", "tp", "dp", "auto"])
+def test_plans_never_overcommit_a_node_or_share_a_core(topo, name, layout):
+    facts = topo(name)
+    try:
+        result = plan(facts, PlanRequest(layout=layout, model_gb=4, split_nodes=True))
+    except PlanError as exc:
+        pytest.skip(f"{name} cannot hold {layout}: {exc}")
+    nodes = {n["id"]: n for n in facts["nodes"]}
+    used_cpus: list[int] = []
+    weight_gb: dict[int, float] = {}
+    kv_gb: dict[int, float] = {}
+    for instance in result["instances"]:
+        for rank in instance["ranks"]:
+            node = nodes[rank["node"]]
+            assert node["socket"] is not None, "a memory-only node got a rank"
+            assert set(rank["cpus"]) <= set(node["cpus"]), "a rank straddles nodes"
+            # One thread per physical core: no two threads on siblings of one core.
+            cores_hit = [c for c in node["cores"] if set(c) & set(rank["cpus"])]
+            assert len(cores_hit) == len(rank["cpus"])
+            used_cpus += rank["cpus"]
+            weight_gb[rank["node"]] = weight_gb.get(rank["node"], 0) + 4 / instance["tp"]
+            kv_gb[rank["node"]] = kv_gb.get(rank["node"], 0) + instance["kvcache_gb"]
+    assert len(used_cpus) == len(set(used_cpus)), "two ranks share a CPU"
+    for node_id, kv in kv_gb.items():
+        node_gb = nodes[node_id]["memory_mb"] / 1024
+        assert kv + weight_gb[node_id] + os_reserve_gb(node_gb) <= node_gb
+
+
+def test_smt_siblings_are_never_inference_threads(topo):
+    result = plan(topo("epyc2s"), PlanRequest(layout="sn"))
+    cpus = result["instances"][0]["ranks"][0]["cpus"]
+    assert cpus == list(range(0, 62)), "62 of 64 cores, siblings 128+ excluded"
+
+
+def test_sub_numa_clustering_keeps_tp2_inside_one_socket(topo):
+    facts = topo("snc")
+    socket_of = {n["id"]: n["socket"] for n in facts["nodes"]}
+    result = plan(facts, PlanRequest(layout="tp", ranks=2, model_gb=8))
+    nodes = [r["node"] for r in result["instances"][0]["ranks"]]
+    assert len(set(nodes)) == 2
+    assert len({socket_of[n] for n in nodes}) == 1
+    dp = plan(facts, PlanRequest(layout="dp", model_gb=8))
+    assert len(dp["instances"]) == 4
+
+
+def test_memory_only_node_gets_no_rank(topo):
+    facts = topo("cxl")
+    memory_only = [n["id"] for n in facts["nodes"] if not n["cpus"]]
+    assert memory_only
+    result = plan(facts, PlanRequest(layout="dp", model_gb=8))
+    assert len(result["instances"]) == 2
+    assert not {r["node"] for i in result["instances"] for r in i["ranks"]} & set(memory_only)
+
+
+def test_offline_cpus_are_never_planned(topo):
+    facts = topo("offline")
+    online = {c for n in facts["nodes"] for c in n["cpus"]}
+    result = plan(facts, PlanRequest(layout="dp", model_gb=1))
+    assert {c for i in result["instances"] for r in i["ranks"] for c in r["cpus"]} <= online
+
+
+def test_dp_on_one_node_splits_its_cores_into_contiguous_disjoint_halves(topo):
+    result = plan(topo("vm"), PlanRequest(layout="dp", model_gb=1))
+    assert [i["ranks"][0]["cpus"] for i in result["instances"]] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_dp_ranks_beyond_nodes_split_every_node(topo):
+    result = plan(topo("r730"), PlanRequest(layout="dp", ranks=4, model_gb=8))
+    cpus = [i["ranks"][0]["cpus"] for i in result["instances"]]
+    assert cpus == [EVENS[:6], EVENS[6:12], ODDS[:6], ODDS[6:12]]
+
+
+def test_sn_on_a_gpu_server_sits_on_the_node_the_gpus_hang_off(topo):
+    facts = topo("gpu")
+    gpu_nodes = {g["numa_node"] for g in facts["gpus"]}
+    result = plan(facts, PlanRequest(layout="sn"))
+    assert {r["node"] for r in result["instances"][0]["ranks"]} == gpu_nodes
+
+
+def test_two_core_lab_host_runs_all_three_layouts_with_no_reserve():
+    lab = two_core_lab_host()
+    assert binds(plan(lab, PlanRequest(layout="sn"))) == ["0,1"]
+    assert binds(plan(lab, PlanRequest(layout="tp", split_nodes=True))) == ["0|1"]
+    assert binds(plan(lab, PlanRequest(layout="dp"))) == ["0", "1"]
+    assert binds(plan(lab, PlanRequest(layout="dp", dp_mode="vllm"))) == ["0|1"]
+
+
+@pytest.mark.parametrize(
+    ("model_gb", "concurrency", "crossover", "layout", "words"),
+    [
+        (8, 4, None, "sn", "at or below the SN/DP crossover 6 (default"),
+        (8, None, None, "sn", "no expected concurrency"),
+        (8, 8, None, "dp", "above the SN/DP crossover 6 (default"),
+        (8, 8, 10, "sn", "crossover 10 (measured)"),
+        (100, 1, None, "tp", "does not fit one NUMA node"),
+    ],
+)
+def test_auto_follows_the_field_rules_and_says_which_fired(
+    topo, model_gb, concurrency, crossover, layout, words
+):
+    result = plan(
+        topo("r730"),
+        PlanRequest(model_gb=model_gb, concurrency=concurrency, crossover=crossover),
+    )
+    assert result["layout"] == layout
+    assert words in result["reason"]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field", "words"),
+    [
+        (
+            PlanRequest(layout="tp", ranks=3),
+            "ranks",
+            "plans that would work: TP ranks 1, TP ranks 2",
+        ),
+        (PlanRequest(layout="dp", ranks=3), "ranks", "DP ranks 4"),
+        (PlanRequest(model_gb=200), "model_gb", "fits no node"),
+        (PlanRequest(layout="sn", reserve_cores=14), "reserve_cores", ">= the 14 physical"),
+        (PlanRequest(layout="sn", model_gb=8, kv_gb=60), "kv_gb", "kv 49 GB"),
+        (PlanRequest(layout="mesh"), "layout", "layout sn, layout tp"),
+    ],
+)
+def test_requests_the_host_cannot_hold_name_the_input_and_the_alternatives(
+    topo, request_, field, words
+):
+    with pytest.raises(PlanError) as caught:
+        plan(topo("r730"), request_)
+    assert caught.value.field == field
+    assert words in str(caught.value)
+
+
+def test_malformed_topology_is_refused():
+    with pytest.raises(PlanError, match="malformed topology"):
+        plan({"schema": 1, "nodes": [{"id": 0}]}, PlanRequest())
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "socketwise.cli", *args], capture_output=True, text=True
+    )
+
+
+def test_cli_plans_from_a_topology_file_and_from_a_root(topo, tmp_path):
+    facts_file = tmp_path / "r730.json"
+    facts_file.write_text(json.dumps(topo("r730")))
+    from_file = run_cli("plan", "--topology", str(facts_file), "--layout", "tp", "--model-gb", "8")
+    assert from_file.returncode == 0, from_file.stderr
+    from_root = run_cli(
+        "plan", "--root", str(tmp_path / "r730"), "--layout", "tp", "--model-gb", "8"
+    )
+    assert json.loads(from_file.stdout) == json.loads(from_root.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--layout", "tp", "--ranks", "3"], "--ranks: TP with 3 ranks"),
+        (["--layout", "weird"], "--layout: unknown layout 'weird'"),
+    ],
+)
+def test_cli_bad_input_exits_nonzero_with_one_line(topo, tmp_path, args, words):
+    facts_file = tmp_path / "r730.json"
+    facts_file.write_text(json.dumps(topo("r730")))
+    result = run_cli("plan", "--topology", str(facts_file), *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and words in result.stderr
+
+
+def test_cli_refuses_a_topology_file_that_is_not_json(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = run_cli("plan", "--topology", str(bad))
+    assert result.returncode == 2
+    assert "cannot read topology file" in result.stderr

@@ -1,0 +1,312 @@
+import argparse
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from socketwise.topology import (
+    TopologyError,
+    detect,
+    format_cpulist,
+    parse_cpulist,
+    register,
+)
+
+
+def node(topology: dict, node_id: int) -> dict:
+    return next(n for n in topology["nodes"] if n["id"] == node_id)
+
+
+def test_r730_sockets_hold_even_and_odd_cpus(machine_root):
+    topology = detect(machine_root("r730"))
+
+    assert topology["schema"] == 1
+    assert topology["cpu"] == {
+        "vendor": "GenuineIntel",
+        "model_name": "Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz",
+        "family": 6,
+        "model": 79,
+    }
+    assert topology["isa"]["avx2"] is True
+    assert topology["isa"]["avx512f"] is False
+    assert topology["isa"]["amx_bf16"] is False
+    assert topology["smt"] is True
+    assert topology["sockets"] == [
+        {"id": 0, "nodes": [0], "cores": 14},
+        {"id": 1, "nodes": [1], "cores": 14},
+    ]
+    socket0 = node(topology, 0)
+    assert socket0["socket"] == 0
+    assert socket0["cpus"] == list(range(0, 27, 2)) + list(range(28, 55, 2))
+    assert socket0["cores"][:3] == [[0, 28], [2, 30], [4, 32]]
+    assert len(socket0["cores"]) == 14
+    assert node(topology, 1)["cores"][0] == [1, 29]
+    assert socket0["memory_mb"] == 65536
+    assert topology["memory_mb"] == 131072
+    assert [n["distances"] for n in topology["nodes"]] == [[10, 21], [21, 10]]
+    assert socket0["hugepages"] == {
+        "2048kB": {"total": 1024, "free": 1000},
+        "1048576kB": {"total": 0, "free": 0},
+    }
+    assert topology["kernel"] == {
+        "numa_balancing": 1,
+        "thp": "madvise",
+        "thp_defrag": "madvise",
+        "irqbalance_active": True,
+    }
+
+
+def test_epyc_siblings_are_cpu_plus_128(machine_root):
+    topology = detect(machine_root("epyc2s"))
+
+    assert topology["cpu"]["vendor"] == "AuthenticAMD"
+    assert (topology["cpu"]["family"], topology["cpu"]["model"]) == (25, 17)
+    assert {flag for flag, present in topology["isa"].items() if present} == {
+        "avx2",
+        "avx512f",
+        "avx512_bf16",
+        "avx512_vnni",
+    }
+    assert [s["cores"] for s in topology["sockets"]] == [64, 64]
+    assert node(topology, 0)["cpus"] == list(range(64)) + list(range(128, 192))
+    for numa_node in topology["nodes"]:
+        assert all(core == [core[0], core[0] + 128] for core in numa_node["cores"])
+    assert node(topology, 1)["cores"][0] == [64, 192]
+    assert node(topology, 1)["memory_mb"] == 384 * 1024
+
+
+def test_sub_numa_clustering_puts_two_nodes_on_each_socket(machine_root):
+    topology = detect(machine_root("snc"))
+
+    assert [s["nodes"] for s in topology["sockets"]] == [[0, 1], [2, 3]]
+    assert [s["cores"] for s in topology["sockets"]] == [56, 56]
+    assert [n["socket"] for n in topology["nodes"]] == [0, 0, 1, 1]
+    assert [len(n["cores"]) for n in topology["nodes"]] == [28, 28, 28, 28]
+    assert node(topology, 1)["cores"][0] == [28, 140]
+    assert node(topology, 0)["distances"] == [10, 12, 21, 21]
+    assert all(topology["isa"][flag] for flag in ("amx_bf16", "amx_int8", "amx_tile"))
+
+
+def test_memory_only_node_has_no_socket_and_no_cpus(machine_root):
+    topology = detect(machine_root("cxl"))
+
+    cxl = node(topology, 2)
+    assert (cxl["socket"], cxl["cpus"], cxl["cores"]) == (None, [], [])
+    assert cxl["memory_mb"] == 128 * 1024
+    assert cxl["distances"] == [14, 24, 10]
+    assert [s["nodes"] for s in topology["sockets"]] == [[0], [1]]
+
+
+def test_offline_cpus_are_absent_and_their_siblings_stand_alone(machine_root):
+    topology = detect(machine_root("offline"))
+
+    (only,) = topology["nodes"]
+    assert only["cpus"] == [0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert only["cores"][-3:] == [[5, 13], [14], [15]]
+    assert topology["sockets"] == [{"id": 0, "nodes": [0], "cores": 8}]
+
+
+def test_vm_without_smt_finds_the_virtio_nics_pci_function(machine_root):
+    topology = detect(machine_root("vm"))
+
+    assert topology["smt"] is False
+    assert all(len(core) == 1 for core in node(topology, 0)["cores"])
+    assert topology["nics"] == [{"name": "eth0", "pci": "0000:00:03.0", "numa_node": None}]
+    assert topology["gpus"] == []
+    assert topology["kernel"]["numa_balancing"] is None
+    assert topology["kernel"]["irqbalance_active"] is False
+
+
+def test_gpu_server_reports_gpus_and_physical_nics_with_their_nodes(machine_root):
+    topology = detect(machine_root("gpu"))
+
+    # The BMC's ASPEED VGA is a display controller too, but not one vLLM can use.
+    assert topology["gpus"] == [
+        {"pci": "0000:ca:00.0", "vendor": "nvidia", "numa_node": 1},
+        {"pci": "0000:e1:00.0", "vendor": "nvidia", "numa_node": 1},
+    ]
+    assert topology["nics"] == [
+        {"name": "ens2f0np0", "pci": "0000:31:00.0", "numa_node": 0},
+        {"name": "ens2f1np1", "pci": "0000:31:00.1", "numa_node": 0},
+    ]
+
+
+def test_kernel_without_numa_gets_one_synthesized_node(machine_root):
+    topology = detect(machine_root("nonuma"))
+
+    assert topology["nodes"] == [
+        {
+            "id": 0,
+            "socket": 0,
+            "cpus": list(range(16)),
+            "cores": [[c, c + 8] for c in range(8)],
+            "memory_mb": 64 * 1024,
+            "distances": [10],
+            "hugepages": {
+                "2048kB": {"total": 0, "free": 0},
+                "1048576kB": {"total": 0, "free": 0},
+            },
+        }
+    ]
+    assert topology["sockets"] == [{"id": 0, "nodes": [0], "cores": 8}]
+    assert topology["kernel"] == {
+        "numa_balancing": None,
+        "thp": None,
+        "thp_defrag": None,
+        "irqbalance_active": None,
+    }
+
+
+def test_missing_knobs_and_devices_are_null_or_empty(machine_root):
+    root = machine_root("r730")
+    for knob in (
+        "proc/sys/kernel/numa_balancing",
+        "sys/kernel/mm/transparent_hugepage",
+        "proc/1",
+        "sys/class/net",
+        "sys/bus/pci",
+        "sys/devices/system/node/node0/hugepages",
+    ):
+        target = root / knob
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+    topology = detect(root)
+
+    assert set(topology["kernel"].values()) == {None}
+    assert (topology["nics"], topology["gpus"]) == ([], [])
+    assert node(topology, 0)["hugepages"] == {}
+
+
+@pytest.mark.parametrize(
+    ("relative_path", "content"),
+    [
+        ("proc/cpuinfo", None),
+        ("proc/cpuinfo", ""),
+        ("proc/cpuinfo", "processor : 0\ncpu family : six\n"),
+        ("proc/meminfo", "MemFree: 1 kB\n"),
+        ("sys/devices/system/cpu/online", "0-x\n"),
+        ("sys/devices/system/cpu/cpu3/topology/thread_siblings_list", None),
+        ("sys/devices/system/cpu/cpu3/topology/physical_package_id", "zero\n"),
+        ("sys/devices/system/node/node1/cpulist", "27-1\n"),
+        ("sys/devices/system/node/node1/distance", "21 ten\n"),
+        ("sys/devices/system/node/node0/meminfo", None),
+        ("sys/kernel/mm/transparent_hugepage/enabled", "always madvise never\n"),
+    ],
+)
+def test_malformed_input_raises_naming_the_file(machine_root, relative_path, content):
+    root = machine_root("r730")
+    path = root / relative_path
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+
+    with pytest.raises(TopologyError, match=re.escape(str(path))):
+        detect(root)
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("0-3,8,10-11", [0, 1, 2, 3, 8, 10, 11]),
+        ("0-2,5\n", [0, 1, 2, 5]),
+        ("7", [7]),
+        ("0-1", [0, 1]),
+        ("", []),
+        ("\n", []),
+    ],
+)
+def test_parse_cpulist(text, cpus):
+    assert parse_cpulist(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["3-1", "a", "1,,2", "-1", "0-", "0-3:2"])
+def test_parse_cpulist_rejects_garbage(text):
+    with pytest.raises(ValueError, match="bad cpulist"):
+        parse_cpulist(text)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "text"),
+    [
+        ([0, 1, 2, 5], "0-2,5"),
+        ([5, 2, 1, 0, 2], "0-2,5"),
+        ([0, 2, 4], "0,2,4"),
+        ([3, 4], "3-4"),
+        ([], ""),
+    ],
+)
+def test_format_cpulist(cpus, text):
+    assert format_cpulist(cpus) == text
+
+
+@pytest.mark.parametrize("text", ["0-2,5", "0,2,4,28-55", "1", "0-255"])
+def test_cpulist_round_trips(text):
+    assert format_cpulist(parse_cpulist(text)) == text
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="socketwise")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_prints_the_topology_as_json(machine_root, capsys):
+    root = machine_root("gpu")
+
+    assert run_cli(["topology", "--root", str(root)]) == 0
+    assert json.loads(capsys.readouterr().out) == detect(root)
+
+
+def test_cli_reports_a_broken_tree_in_one_line(tmp_path, capsys):
+    assert run_cli(["topology", "--root", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"socketwise topology: error: cannot read {tmp_path}/proc/cpuinfo: "
+        "No such file or directory\n"
+    )
+
+
+def lscpu_fields(entries: list[dict]) -> dict[str, str]:
+    # Newer util-linux nests fields under "children"; flatten them.
+    fields = {}
+    for entry in entries:
+        fields[entry["field"].rstrip(":")] = entry.get("data") or ""
+        fields.update(lscpu_fields(entry.get("children", [])))
+    return fields
+
+
+@pytest.mark.skipif(shutil.which("lscpu") is None, reason="lscpu is not installed")
+def test_live_host_agrees_with_lscpu():
+    topology = detect("/")
+
+    fields = lscpu_fields(
+        json.loads(subprocess.run(["lscpu", "-J"], capture_output=True, check=True).stdout)["lscpu"]
+    )
+    parsable = subprocess.run(
+        ["lscpu", "-p=CPU,CORE,SOCKET,NODE"], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [line.split(",") for line in parsable.splitlines() if not line.startswith("#")]
+    # lscpu renumbers sockets and cores logically, so compare groupings, not ids.
+    lscpu_sockets: dict[str, set[int]] = {}
+    for cpu, _core, socket, _node in rows:
+        lscpu_sockets.setdefault(socket, set()).add(int(cpu))
+    lscpu_node_of = {int(cpu): int(numa_node or 0) for cpu, _core, _socket, numa_node in rows}
+
+    node_of = {cpu: n["id"] for n in topology["nodes"] for cpu in n["cpus"]}
+    assert node_of == lscpu_node_of
+    our_sockets = {}
+    for n in topology["nodes"]:
+        if n["socket"] is not None:
+            our_sockets.setdefault(n["socket"], set()).update(n["cpus"])
+    assert sorted(map(sorted, our_sockets.values())) == sorted(map(sorted, lscpu_sockets.values()))
+    assert sum(s["cores"] for s in topology["sockets"]) == len({(r[1], r[2]) for r in rows})
+    assert topology["smt"] == (len(rows) > len({(r[1], r[2]) for r in rows}))
+    assert topology["cpu"]["vendor"] == fields["Vendor ID"]
+    assert topology["cpu"]["model_name"] == fields["Model name"]
+    lscpu_flags = set(fields.get("Flags", "").split())
+    assert topology["isa"] == {flag: flag in lscpu_flags for flag in topology["isa"]}
