@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMAND_MODULES = ("topology", "planner")
+SUBCOMMAND_MODULES = ("topology", "planner", "lab")
 
 
 def build_parser() -> argparse.ArgumentParser:
