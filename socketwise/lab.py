@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,8 +73,9 @@ KILL_TIMEOUT_S = 10.0
 BUILD_ID_FILE = "etc/socketwise-lab-build"
 SSH_LISTEN_DROPIN = "etc/ssh/sshd_config.d/socketwise-lab.conf"
 PROC_WRITABLE_ENV = "SYSTEMD_NSPAWN_API_VFS_WRITABLE"
-# The cgroup, below the caller's, that holds one cgroup per machine.
-LAB_CGROUP = "socketwise-lab"
+# Several labs can run side by side (say, one per test suite): SOCKETWISE_LAB names
+# the lab, its machines (NAME1, NAME2, ...), their directory, cgroup and inventory.
+DEFAULT_LAB = "lab"
 # Where nspawn keeps per-machine bookkeeping on the controller.
 NSPAWN_RUN_DIR = Path("/run/systemd/nspawn")
 INVENTORY_FILE = "hosts.yml"
@@ -127,8 +129,21 @@ def rootfs_dir() -> Path:
     return lab_dir() / f"rootfs-{SUITE}"
 
 
+def lab_name() -> str:
+    name = os.environ.get("SOCKETWISE_LAB", DEFAULT_LAB)
+    if not re.fullmatch(r"[a-z][a-z-]{0,15}", name):
+        raise LabError(f"SOCKETWISE_LAB={name!r}: use 1-16 lower-case letters or dashes")
+    return name
+
+
+def _own_dir() -> Path:
+    """This lab's machines, state and consoles; the rootfs and SSH key are shared."""
+    name = lab_name()
+    return lab_dir() if name == DEFAULT_LAB else lab_dir() / "labs" / name
+
+
 def machines_dir() -> Path:
-    return lab_dir() / "machines"
+    return _own_dir() / "machines"
 
 
 def key_path() -> Path:
@@ -136,26 +151,35 @@ def key_path() -> Path:
 
 
 def state_path() -> Path:
-    return lab_dir() / "state.json"
+    return _own_dir() / "state.json"
 
 
 def default_inventory_dir() -> Path:
-    return paths.repo_root() / "inventories" / "lab"
+    name = lab_name()
+    return paths.repo_root() / "inventories" / ("lab" if name == DEFAULT_LAB else f"lab-{name}")
 
 
 def machine_name(index: int) -> str:
-    return f"lab{index}"
+    return f"{lab_name()}{index}"
 
 
 def machine_index(name: str) -> int:
-    match = re.fullmatch(r"lab([1-9][0-9]*)", name)
+    match = re.fullmatch(rf"{lab_name()}([1-9][0-9]*)", name)
     if match is None:
-        raise LabError(f"{name!r} is not a lab machine name (lab1, lab2, ...)")
+        raise LabError(f"{name!r} is not a machine of lab {lab_name()!r} ({machine_name(1)}, ...)")
     return int(match.group(1))
 
 
 def machine_address(name: str) -> str:
-    return f"127.0.0.{10 + machine_index(name)}"
+    # The default lab uses 127.0.0.x; another lab gets its own 127.0.N.x, N from its name.
+    lab = lab_name()
+    subnet = 0 if lab == DEFAULT_LAB else 1 + zlib.crc32(lab.encode()) % 254
+    return f"127.0.{subnet}.{10 + machine_index(name)}"
+
+
+def _lab_cgroup() -> str:
+    """The cgroup, below the caller's, that holds one cgroup per machine."""
+    return f"socketwise-{lab_name()}"
 
 
 def _machine(name: str) -> Machine:
@@ -163,7 +187,7 @@ def _machine(name: str) -> Machine:
         name=name,
         address=machine_address(name),
         directory=machines_dir() / name,
-        console_log=lab_dir() / "consoles" / f"{name}.log",
+        console_log=_own_dir() / "consoles" / f"{name}.log",
     )
 
 
@@ -407,7 +431,7 @@ def _lab_cgroups() -> list[Path]:
             if controllers in own:
                 mount_root, mount_point = fields[3], Path(fields[4])
                 inside = os.path.relpath(own.pop(controllers), mount_root)
-                found.append((mount_point / inside).resolve() / LAB_CGROUP)
+                found.append((mount_point / inside).resolve() / _lab_cgroup())
     return found
 
 
@@ -801,7 +825,9 @@ def status() -> list[Machine]:
     inits = _container_inits()
     names = set(state) | set(nspawns) | set(inits)
     if machines_dir().is_dir():
-        names |= {p.name for p in machines_dir().iterdir() if re.fullmatch(r"lab\d+", p.name)}
+        names |= {
+            p.name for p in machines_dir().iterdir() if re.fullmatch(rf"{lab_name()}\d+", p.name)
+        }
     machines = []
     for name in sorted(names, key=machine_index):
         machine = _machine(name)
