@@ -27,6 +27,7 @@ import contextlib
 import errno
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import re
@@ -59,6 +60,9 @@ ROOTFS_PACKAGES = (
     "ca-certificates",
     "haproxy",
     "curl",
+    # vLLM's CPU backend compiles its kernels with torch inductor when it starts.
+    "g++",
+    "python3-dev",
 )
 # Debian packages the controller needs: systemd-nspawn, debootstrap, ssh and ssh-keygen.
 CONTROLLER_PACKAGES = ("systemd-container", "debootstrap", "openssh-client")
@@ -126,7 +130,10 @@ def lab_dir() -> Path:
 
 
 def rootfs_dir() -> Path:
-    return lab_dir() / f"rootfs-{SUITE}"
+    # Named by its recipe: a changed package list builds a new rootfs instead of reusing
+    # one that lacks a package (machine copies of the old one are then replaced).
+    recipe = hashlib.sha1(",".join(ROOTFS_PACKAGES).encode()).hexdigest()[:8]
+    return lab_dir() / f"rootfs-{SUITE}-{recipe}"
 
 
 def lab_name() -> str:
@@ -563,6 +570,11 @@ def build_rootfs() -> Path:
     _configure_rootfs(partial, source)
     (partial / BUILD_ID_FILE).write_text(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex}\n")
     partial.rename(final)
+    # Builds of earlier recipes are no longer copied from (machine copies are standalone).
+    for stale in lab_dir().glob(f"rootfs-{SUITE}*"):
+        if stale != final and not stale.name.endswith(".partial"):
+            _say(f"removing the rootfs of an earlier recipe, {stale}")
+            _remove_tree(stale)
     return final
 
 

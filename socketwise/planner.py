@@ -342,6 +342,14 @@ def plan(topo: dict, request: PlanRequest) -> dict:
                 "backends": [i["port"] for i in instances],
             }
     used = sorted({r["node"] for r in placed})
+    node_uses = [_node_use(n, placed) for n in nodes if n.id in used]
+    reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
+    for instance in instances:
+        # The whole service may run on its ranks' CPUs and its nodes' reserved ones (API
+        # server, engine core); vLLM then pins each worker's threads to its rank's CPUs.
+        threads = {cpu for rank in instance["ranks"] for cpu in rank["cpus"]}
+        front = {cpu for node in instance["membind"] for cpu in reserved[node]}
+        instance["cpus_allowed"] = sorted(threads | front)
     return {
         "layout": layout,
         "dp_mode": dp_mode,
@@ -350,7 +358,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         "model_gb": request.model_gb,
         "instances": instances,
         "load_balancer": load_balancer,
-        "nodes": [_node_use(n, placed) for n in nodes if n.id in used],
+        "nodes": node_uses,
         "request": asdict(request),
     }
 

@@ -43,6 +43,7 @@ def test_r730_sn_uses_twelve_even_cores_of_socket_0_like_the_field_notes(topo):
     assert instance["omp_threads_bind"] == ",".join(map(str, EVENS[:12]))
     assert instance["membind"] == [0]
     assert instance["tp"] == 1 and instance["port"] == 8000
+    assert instance["cpus_allowed"] == EVENS[:12] + [24, 26, 52, 54]
     # The two highest cores of the socket and their siblings stay with the OS.
     assert result["nodes"] == [
         {"node": 0, "inference_cpus": EVENS[:12], "reserved_cpus": [24, 26, 52, 54]}

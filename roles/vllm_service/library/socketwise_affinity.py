@@ -1,0 +1,80 @@
+#!/usr/bin/python
+"""Ansible door into socketwise.verify: real CPU affinity of vLLM services against the plan."""
+
+DOCUMENTATION = r"""
+---
+module: socketwise_affinity
+short_description: Compare the CPUs vLLM's processes really run on with the plan
+description:
+  - For each planned instance, walks the process tree of its systemd unit and reads
+    C(Cpus_allowed_list) of every process and thread from C(/proc).
+  - Each planned rank must be served by one C(VLLM::Worker*) process whose threads run
+    on exactly the rank's CPUs; no process of the unit may run outside C(cpus_allowed).
+  - Read-only; the same answer in check mode.
+options:
+  instances:
+    description: The plan's C(instances) list (name, ranks, cpus_allowed).
+    type: list
+    elements: dict
+    required: true
+  unit_prefix:
+    description: Unit name prefix; the unit of instance N is PREFIX + N + C(.service).
+    type: str
+    default: socketwise-
+author: socketwise
+"""
+
+EXAMPLES = r"""
+- name: Check the affinity of every planned instance
+  socketwise_affinity:
+    instances: "{{ socketwise_plan.instances }}"
+  register: affinity
+"""
+
+RETURN = r"""
+instances:
+  description: Per instance its unit, main PID and processes (pid, comm, title, CPUs).
+  returned: always
+  type: list
+  elements: dict
+problems:
+  description: One line per disagreement between the plan and what runs; empty when they agree.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.socketwise_verify import check_instance, describe, process_tree
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "instances": {"type": "list", "elements": "dict", "required": True},
+            "unit_prefix": {"type": "str", "default": "socketwise-"},
+        },
+        supports_check_mode=True,
+    )
+    report, problems = [], []
+    for instance in module.params["instances"]:
+        unit = f"{module.params['unit_prefix']}{instance['name']}.service"
+        rc, out, err = module.run_command(
+            ["systemctl", "show", "-p", "MainPID", "--value", unit],
+            environ_update={"LC_ALL": "C"},
+        )
+        main_pid = int(out.strip() or 0) if rc == 0 else 0
+        if main_pid == 0:
+            problems.append(f"{instance['name']}: unit {unit} has no running process")
+            report.append({"name": instance["name"], "unit": unit, "main_pid": None})
+            continue
+        processes = [p for p in map(describe, process_tree(main_pid)) if p]
+        problems += check_instance(instance, processes)
+        report.append(
+            {"name": instance["name"], "unit": unit, "main_pid": main_pid, "processes": processes}
+        )
+    module.exit_json(changed=False, instances=report, problems=problems)
+
+
+if __name__ == "__main__":
+    main()

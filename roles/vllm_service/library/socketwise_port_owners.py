@@ -1,0 +1,73 @@
+#!/usr/bin/python
+"""Ansible door into socketwise.verify: who already listens on the ports a plan needs."""
+
+DOCUMENTATION = r"""
+---
+module: socketwise_port_owners
+short_description: Find listeners that would keep planned vLLM or load-balancer ports from binding
+description:
+  - Reads C(/proc/net/tcp) and C(/proc/net/tcp6) and the owners of their sockets.
+  - Listeners that belong to socketwise's own units (name starting with I(unit_prefix))
+    are not clashes: a re-deploy replaces them.
+  - Read-only; the same answer in check mode.
+options:
+  address:
+    description: The address the services will bind (C(0.0.0.0) for all).
+    type: str
+    required: true
+  ports:
+    description: The ports the plan needs.
+    type: list
+    elements: int
+    required: true
+  unit_prefix:
+    description: Name prefix of socketwise's own units.
+    type: str
+    default: socketwise-
+author: socketwise
+"""
+
+EXAMPLES = r"""
+- name: Find port clashes
+  socketwise_port_owners:
+    address: 0.0.0.0
+    ports: [8000, 8001]
+  register: clashes
+"""
+
+RETURN = r"""
+clashes:
+  description: Listeners in the way (address, port, pid, owner); empty when all ports are free.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.socketwise_verify import port_clashes, process_tree
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "address": {"type": "str", "required": True},
+            "ports": {"type": "list", "elements": "int", "required": True},
+            "unit_prefix": {"type": "str", "default": "socketwise-"},
+        },
+        supports_check_mode=True,
+    )
+    prefix = module.params["unit_prefix"]
+    rc, out, err = module.run_command(
+        ["systemctl", "show", "-p", "MainPID", "--value", f"{prefix}*.service"],
+        environ_update={"LC_ALL": "C"},
+    )
+    own = set()
+    for line in out.split() if rc == 0 else []:
+        if line.isdigit() and int(line):
+            own.update(process_tree(int(line)))
+    clashes = port_clashes(module.params["address"], module.params["ports"], own)
+    module.exit_json(changed=False, clashes=clashes)
+
+
+if __name__ == "__main__":
+    main()

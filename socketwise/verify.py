@@ -1,0 +1,157 @@
+"""What really runs on a host, checked against the plan: CPU affinity and port owners.
+
+Stdlib only: shipped to hosts as Ansible module_utils (roles/vllm_service), and
+read by pytest directly. Everything reads /proc under a configurable root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+try:
+    from socketwise.topology import parse_cpulist
+except ImportError:  # on a host, shipped beside it as module_utils
+    from ansible.module_utils.socketwise_topology import parse_cpulist  # type: ignore
+
+# vLLM names its processes; only the workers pin threads (API server and engine core
+# float over the service's CPUs), so they are what the plan's ranks are checked against.
+WORKER_PREFIX = "VLLM::Worker"
+_LISTEN = "0A"
+
+
+def _status_field(path: Path, field: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def process_tree(main_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """`main_pid` and every descendant, parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # comm may hold spaces and parentheses: the parent PID follows the last ')'.
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, queue = [], [main_pid]
+    while queue:
+        pid = queue.pop(0)
+        tree.append(pid)
+        queue.extend(sorted(children.get(pid, [])))
+    return tree
+
+
+def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
+    """Name, title, process affinity and the CPUs its threads are allowed (None if gone)."""
+    base = proc / str(pid)
+    try:
+        comm = (base / "comm").read_text().strip()
+        title = (base / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        allowed = parse_cpulist(_status_field(base / "status", "Cpus_allowed_list"))
+        thread_cpus: set[int] = set()
+        for task in (base / "task").iterdir():
+            thread_cpus |= set(parse_cpulist(_status_field(task / "status", "Cpus_allowed_list")))
+    except OSError:
+        return None
+    return {
+        "pid": pid,
+        "comm": comm,
+        "title": title,
+        "cpus_allowed": allowed,
+        "thread_cpus": sorted(thread_cpus),
+    }
+
+
+def check_instance(instance: dict, processes: list[dict]) -> list[str]:
+    """Problems between a planned instance and its processes; empty when they agree.
+
+    Each rank must be served by exactly one worker whose threads run on exactly the
+    rank's CPUs, and no process of the service may run outside `cpus_allowed`.
+    """
+    problems = []
+    name = instance["name"]
+    workers = [p for p in processes if p["comm"].startswith(WORKER_PREFIX)]
+    ranks = [sorted(rank["cpus"]) for rank in instance["ranks"]]
+    if len(workers) != len(ranks):
+        problems.append(f"{name}: {len(workers)} vLLM worker process(es), plan has {len(ranks)}")
+    unmatched = list(ranks)
+    for worker in workers:
+        if worker["thread_cpus"] in unmatched:
+            unmatched.remove(worker["thread_cpus"])
+        else:
+            problems.append(
+                f"{name}: worker {worker['pid']} ({worker['title']}) threads run on CPUs "
+                f"{worker['thread_cpus']}, plan's ranks: {ranks}"
+            )
+    allowed = set(instance["cpus_allowed"])
+    for process in processes:
+        outside = sorted(set(process["cpus_allowed"]) - allowed)
+        if outside:
+            problems.append(
+                f"{name}: process {process['pid']} ({process['title']}) may run on CPUs "
+                f"{outside} outside the planned {sorted(allowed)}"
+            )
+    return problems
+
+
+def _hex_address(text: str) -> str:
+    """/proc/net/tcp's little-endian hex IPv4 address -> dotted quad."""
+    return ".".join(str(b) for b in reversed(bytes.fromhex(text)))
+
+
+def listeners(proc: Path = Path("/proc")) -> list[dict]:
+    """Listening IPv4/IPv6 TCP sockets: address, port and owner PID (None if not visible)."""
+    owners: dict[str, int] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    owners[target[8:-1]] = int(entry.name)
+        except OSError:
+            continue
+    found = []
+    for table, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != _LISTEN:
+                continue
+            address, port = fields[1].split(":")
+            if v6:
+                address = "::" if set(address) == {"0"} else "v6:" + address
+            else:
+                address = _hex_address(address)
+            found.append({"address": address, "port": int(port, 16), "pid": owners.get(fields[9])})
+    return found
+
+
+def port_clashes(
+    address: str, ports: list[int], own_pids: set[int], proc: Path = Path("/proc")
+) -> list[dict]:
+    """Listeners on `ports` that would stop a server binding `address` and are not ours.
+
+    A wildcard listener clashes with any address and vice versa; a listener whose
+    owner is not visible (another container sharing the network) still clashes.
+    """
+    wildcard = ("0.0.0.0", "::")
+    clashes = []
+    for sock in listeners(proc):
+        if sock["port"] not in ports or sock["pid"] in own_pids:
+            continue
+        if address in wildcard or sock["address"] in wildcard or sock["address"] == address:
+            owner = describe(sock["pid"], proc) if sock["pid"] else None
+            clashes.append({**sock, "owner": owner["title"] if owner else "unknown"})
+    return clashes

