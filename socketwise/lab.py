@@ -114,6 +114,7 @@ class Machine:
         data = asdict(self)
         data["directory"] = str(self.directory)
         data["console_log"] = str(self.console_log)
+        data["identity_file"] = str(key_path())
         return data
 
 

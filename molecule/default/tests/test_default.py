@@ -1,0 +1,82 @@
+"""What a user checks on a converged DP-2 host: units up, the load balancer answering a
+real completion, every vLLM worker thread on the CPUs of its rank, and a --check run
+that would change nothing."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import testinfra.utils.ansible_runner
+
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
+    os.environ["MOLECULE_INVENTORY_FILE"]
+).get_hosts("all")
+
+REPO = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+ARTIFACTS = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "artifacts"
+
+
+def plan(host) -> dict:
+    name = host.backend.get_hostname()
+    return json.loads((ARTIFACTS / name / "plan.json").read_text())
+
+
+def address(host) -> str:
+    return host.ansible.get_variables()["ansible_host"]
+
+
+def test_every_planned_unit_and_the_load_balancer_are_enabled_and_running(host):
+    for instance in plan(host)["instances"]:
+        unit = host.service(f"socketwise-{instance['name']}")
+        assert unit.is_enabled and unit.is_running
+        assert host.file(f"/etc/systemd/system/socketwise-{instance['name']}.service").exists
+    assert host.service("socketwise-lb").is_running
+
+
+def test_the_load_balancer_answers_a_real_completion(host):
+    body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 5})
+    port = plan(host)["endpoint_port"]
+    answer = host.check_output(
+        f"curl -sf http://{address(host)}:{port}/v1/completions "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+    assert json.loads(answer)["usage"]["completion_tokens"] > 0
+
+
+def test_worker_threads_run_on_exactly_the_planned_cpus(host):
+    for instance in plan(host)["instances"]:
+        main_pid = host.check_output(
+            f"systemctl show -p MainPID --value socketwise-{instance['name']}"
+        )
+        workers = host.check_output(f"pgrep -P $(pgrep -P {main_pid} -f EngineCore) || true")
+        cpus = set()
+        for pid in workers.split():
+            status = host.check_output(f"cat /proc/{pid}/task/*/status")
+            for listed in re.findall(r"Cpus_allowed_list:\s*(\S+)", status):
+                cpus.add(listed)
+        assert cpus == {",".join(map(str, instance["ranks"][0]["cpus"]))}
+
+
+def test_check_mode_on_the_converged_host_changes_nothing(host):
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            "--check",
+            "deploy.yml",
+            "-e",
+            f"socketwise_artifacts_dir={ARTIFACTS}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    recap = re.search(rf"^{host.backend.get_hostname()}\s+:.*changed=(\d+)", result.stdout, re.M)
+    assert recap and recap.group(1) == "0", result.stdout[-3000:]
