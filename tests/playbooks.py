@@ -26,7 +26,10 @@ class PlaybookRun:
 
 
 def run_playbook(playbook: str, *args: str, env: dict[str, str] | None = None) -> PlaybookRun:
-    environment = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", **(env or {}))
+    environment = dict(
+        os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0"
+    )
+    environment.update(env or {})
     result = subprocess.run(
         [str(BIN / "ansible-playbook"), playbook, *args],
         cwd=REPO,

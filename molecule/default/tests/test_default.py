@@ -75,7 +75,13 @@ def test_check_mode_on_the_converged_host_changes_nothing(host):
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        env={
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            # molecule forces colour; the recap is read as plain text.
+            "ANSIBLE_FORCE_COLOR": "0",
+            "ANSIBLE_NOCOLOR": "1",
+        },
     )
     assert result.returncode == 0, result.stdout[-3000:]
     recap = re.search(rf"^{host.backend.get_hostname()}\s+:.*changed=(\d+)", result.stdout, re.M)
