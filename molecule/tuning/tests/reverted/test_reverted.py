@@ -1,0 +1,55 @@
+"""After host_tuning_state: absent: the originals read back, and nothing of the role left."""
+
+import json
+import os
+from pathlib import Path
+
+REPORT = "/var/lib/socketwise/tuning-report.json"
+
+
+def value(host, path: str) -> str:
+    text = host.file(path).content_string.strip()
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else text
+
+
+def saved_before_the_scenario() -> dict[str, str]:
+    saved = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "kernel.json"
+    return json.loads(saved.read_text())
+
+
+def test_kernel_values_are_the_originals_again(host):
+    saved = saved_before_the_scenario()
+    # What the role found: prepare had turned NUMA balancing on.
+    saved["/proc/sys/kernel/numa_balancing"] = "1"
+    for path, original in saved.items():
+        if path.startswith(("/proc/sys", "/sys/kernel/mm", "/sys/devices/system/node")):
+            assert value(host, path) == original, path
+    function = host.check_output("readlink -f /sys/class/net/eth0/device/..")
+    for irq in host.file(f"{function}/msi_irqs").listdir():
+        path = f"/proc/irq/{irq}/smp_affinity_list"
+        assert value(host, path) == saved[path], path
+
+
+def test_report_says_every_knob_was_restored(host):
+    report = json.loads(host.file(REPORT).content_string)
+    assert report["state"] == "absent"
+    assert {knob["name"]: knob["status"] for knob in report["knobs"]} == {
+        "kernel.numa_balancing": "restored",
+        "hugepages.node0.2048kB": "restored",
+        "thp.enabled": "restored",
+        "thp.defrag": "restored",
+        "irq_affinity.eth0": "restored",
+    }
+
+
+def test_nothing_of_the_role_is_left_behind(host):
+    for path in (
+        "/etc/sysctl.d/60-socketwise-tuning.conf",
+        "/etc/systemd/system/socketwise-tuning.service",
+        "/etc/socketwise/tuning.json",
+        "/usr/local/lib/socketwise/socketwise_tuning.py",
+        "/var/lib/socketwise/tuning-backup.json",
+    ):
+        assert not host.file(path).exists, path
+    units = host.run("systemctl list-unit-files socketwise-tuning.service")
+    assert "0 unit files listed" in units.stdout

@@ -1,0 +1,33 @@
+"""Ansible door into socketwise.tuning.decide: the filter `socketwise_tuning_spec`."""
+
+import sys
+from pathlib import Path
+
+try:
+    from socketwise.tuning import Settings, TuningError, decide
+except ImportError:
+    # Run from a checkout whose package is not installed in Ansible's Python:
+    # the package sits three levels above this role's filter_plugins/.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from socketwise.tuning import Settings, TuningError, decide
+
+
+def socketwise_tuning_spec(topology, plan, **settings):
+    """Return {"spec": ..., "error": null} or {"spec": null, "error": ..., "variable": ...}.
+
+    Errors are returned, not raised, so the role can name the host, the variable and its
+    value in one line before anything on the host changes.
+    """
+    try:
+        return {
+            "spec": decide(topology, plan, Settings.from_values(**settings)),
+            "error": None,
+            "variable": None,
+        }
+    except TuningError as exc:
+        return {"spec": None, "error": str(exc), "variable": exc.variable}
+
+
+class FilterModule:
+    def filters(self):
+        return {"socketwise_tuning_spec": socketwise_tuning_spec}
