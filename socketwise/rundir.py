@@ -1,0 +1,228 @@
+"""The files of a run directory: `summary.csv`, `power.csv`, `manifest.json`.
+
+Plain Python, stdlib only. The benchmark runner writes these files, `socketwise report`
+reads them, and people feed in results from elsewhere, so `summary.csv` is a public
+contract (README, "Reports"). Only `summary.csv` is required.
+
+A step is one measured load point of one layout on one host: open loop by request rate
+(`rate`, req/s) or closed loop by concurrency. When both cells are filled the step is
+open loop and `concurrency` was only a cap. Repetitions are several rows of the same
+(host, layout, rate|concurrency).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+SUMMARY = "summary.csv"
+POWER = "power.csv"
+MANIFEST = "manifest.json"
+SUMMARY_COLUMNS = (
+    "host",
+    "layout",
+    "rate",
+    "concurrency",
+    "output_tok_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "completed",
+    "failed",
+)
+POWER_COLUMNS = ("host", "layout", "rate", "concurrency", "watts", "source")
+METRICS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+AXES = ("rate", "concurrency")
+IDLE = "idle"
+MANIFEST_SCHEMA = 1
+
+
+class RunDirError(ValueError):
+    """A run directory file that cannot be read; the message names file, line and fix."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of summary.csv. Metrics other than output_tok_s may be None (not measured)."""
+
+    host: str
+    layout: str
+    axis: str  # "rate" or "concurrency"
+    load: float
+    output_tok_s: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    completed: int | None
+    failed: int | None
+
+
+@dataclass(frozen=True)
+class PowerRow:
+    """One row of power.csv; axis and load are None on an idle row."""
+
+    host: str
+    layout: str
+    axis: str | None
+    load: float | None
+    watts: float
+    source: str
+
+
+def _number(path: Path, line: int, column: str, text: str, kind: type = float):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise RunDirError(
+            f"{path}: line {line}: {column} {text!r} is not a"
+            f"{'n integer' if kind is int else ' number'}"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise RunDirError(f"{path}: line {line}: {column} {text!r} must be a number >= 0")
+    return value
+
+
+def _optional(path: Path, line: int, row: Mapping[str, str], column: str, kind: type = float):
+    text = (row.get(column) or "").strip()
+    return None if text == "" else _number(path, line, column, text, kind)
+
+
+def _axis_and_load(path: Path, line: int, row: Mapping[str, str]) -> tuple[str, float]:
+    for axis in AXES:
+        load = _optional(path, line, row, axis)
+        if load is not None:
+            if load <= 0:
+                raise RunDirError(f"{path}: line {line}: {axis} must be above 0, not {load:g}")
+            return axis, load
+    raise RunDirError(
+        f"{path}: line {line}: both rate and concurrency are empty; fill rate (req/s, open "
+        f"loop) or concurrency (closed loop)"
+    )
+
+
+def _rows(path: Path, columns: tuple[str, ...]) -> Iterable[tuple[int, dict[str, str]]]:
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise RunDirError(
+                f"{path}: missing column(s) {', '.join(missing)}; the header must hold "
+                f"{','.join(columns)}"
+            )
+        for row in reader:
+            if not any((value or "").strip() for value in row.values()):
+                continue
+            yield reader.line_num, row
+
+
+def read_summary(run_dir: str | Path) -> list[Step]:
+    path = Path(run_dir) / SUMMARY
+    if not path.is_file():
+        raise RunDirError(
+            f"{path}: not found; a run directory needs at least {SUMMARY} with the columns "
+            f"{','.join(SUMMARY_COLUMNS)}"
+        )
+    steps = []
+    for line, row in _rows(path, SUMMARY_COLUMNS):
+        host, layout = row["host"].strip(), row["layout"].strip()
+        if not host or not layout:
+            raise RunDirError(f"{path}: line {line}: host and layout must not be empty")
+        axis, load = _axis_and_load(path, line, row)
+        tok = _optional(path, line, row, "output_tok_s")
+        if tok is None:
+            raise RunDirError(
+                f"{path}: line {line}: output_tok_s is empty; write 0 for a step that "
+                f"completed nothing"
+            )
+        latency = {m: _optional(path, line, row, m) for m in METRICS[1:]}
+        steps.append(
+            Step(
+                host=host,
+                layout=layout,
+                axis=axis,
+                load=load,
+                output_tok_s=tok,
+                **latency,
+                completed=_optional(path, line, row, "completed", int),
+                failed=_optional(path, line, row, "failed", int),
+            )
+        )
+    if not steps:
+        raise RunDirError(f"{path}: no rows below the header")
+    return steps
+
+
+def read_power(run_dir: str | Path) -> list[PowerRow] | None:
+    """power.csv's rows, or None when the run has no power.csv (energy not measured)."""
+    path = Path(run_dir) / POWER
+    if not path.is_file():
+        return None
+    rows = []
+    for line, row in _rows(path, POWER_COLUMNS):
+        layout = row["layout"].strip()
+        watts = _optional(path, line, row, "watts")
+        if watts is None:
+            continue  # a source that was missing for this step
+        if layout == IDLE:
+            axis, load = None, None
+        else:
+            axis, load = _axis_and_load(path, line, row)
+        rows.append(PowerRow(row["host"].strip(), layout, axis, load, watts, row["source"].strip()))
+    return rows
+
+
+def read_manifest(run_dir: str | Path) -> dict | None:
+    """manifest.json, or None when the run has none. Unknown keys are kept, not checked."""
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RunDirError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        raise RunDirError(f'{path}: expected an object with "schema": {MANIFEST_SCHEMA}')
+    if not isinstance(manifest.get("hosts", {}), dict):
+        raise RunDirError(f'{path}: "hosts" must map host names to objects')
+    return manifest
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def write_csv(path: str | Path, columns: tuple[str, ...], rows: Iterable[Mapping]) -> None:
+    """Write rows (mappings with exactly `columns`; None is an empty cell)."""
+    with Path(path).open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            unknown = set(row) - set(columns)
+            if unknown:
+                raise RunDirError(f"{path}: unknown column(s) {', '.join(sorted(unknown))}")
+            writer.writerow([_cell(row.get(c)) for c in columns])
+
+
+def power_rows(
+    host: str, layout: str, rate: float | None, concurrency: float | None, measurement: dict
+) -> list[dict]:
+    """power.csv rows for one step (layout "idle" for the baseline) from the JSON that
+    socketwise/power.py prints; a missing source gets no row, which reads as not measured."""
+    return [
+        {
+            "host": host,
+            "layout": layout,
+            "rate": rate,
+            "concurrency": concurrency,
+            "watts": reading["watts"],
+            "source": source,
+        }
+        for source, reading in sorted(measurement.get("sources", {}).items())
+        if reading.get("watts") is not None
+    ]
