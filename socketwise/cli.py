@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMAND_MODULES = ("topology", "planner", "lab", "report")
+SUBCOMMAND_MODULES = ("topology", "planner", "lab", "sweep", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -416,14 +416,20 @@ def png_bytes(page: Path, src: str) -> bytes:
 
 
 def test_report_html_renders_its_plots_in_headless_chromium(r730, tmp_path):
+    _, page = report.write(r730)
+    assert_renders(page, tmp_path, min_images=8)
+
+
+def assert_renders(page: Path, tmp_path: Path, min_images: int) -> None:
+    """Headless Chromium loads every plot of `page` as a real PNG, and the screenshot
+    shows the SN and DP curves."""
     import matplotlib.image
     import numpy
 
-    _, page = report.write(r730)
     dom = browse(page, tmp_path / "profile-dom", "--dump-dom").stdout
     images = Images()
     images.feed(dom)
-    assert len(images.sources) >= 8, images.sources
+    assert len(images.sources) >= min_images, images.sources
     for src in images.sources:
         data = png_bytes(page, src)
         assert data.startswith(PNG_MAGIC), f"{src} is not a PNG"

@@ -1,0 +1,397 @@
+"""`socketwise sweep`: deploy each layout, measure it, collect a run directory, report.
+
+For each layout asked for, on every host of the inventory: deploy it (deploy.yml),
+wait until it serves (deploy.yml's own readiness check), run the profiles through
+playbooks/bench.yml, fetch the results; at the end put the hosts back to their
+configured layout (deploy.yml with no override). Playbooks run through ansible-runner.
+
+Rates are calibrated to the host: the first layout is driven flat out once and the
+rate sweep is placed at fractions of the request rate it sustained, so the same
+sweep is meaningful on a 2-core lab host and on a 128-core server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from socketwise import paths
+from socketwise.rundir import POWER_COLUMNS, SUMMARY_COLUMNS, power_rows, write_csv
+
+# Layout names of a sweep -> the deploy.yml variables that select them.
+LAYOUTS = {
+    "sn": {"plan_layout": "sn"},
+    "tp": {"plan_layout": "tp"},
+    "dp": {"plan_layout": "dp", "plan_dp_mode": "instances"},
+    "dp-vllm": {"plan_layout": "dp", "plan_dp_mode": "vllm"},
+}
+
+
+class SweepError(RuntimeError):
+    pass
+
+
+@dataclass
+class Profile:
+    """The load: the field notes' light and medium points and a calibrated rate sweep."""
+
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4])
+    # Fractions of the flat-out request rate of the first layout.
+    rate_fractions: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0, 1.5])
+    input_len: int = 256
+    output_len: int = 128
+    step_seconds: float = 300.0
+    min_prompts: int = 8
+    calibration_prompts: int = 32
+    repetitions: int = 1
+
+    def steps(self, max_rate: float) -> list[dict]:
+        shape = {"input_len": self.input_len, "output_len": self.output_len}
+        steps = []
+        for repetition in range(self.repetitions):
+            suffix = f"-{repetition + 1}" if self.repetitions > 1 else ""
+            for concurrency in self.concurrencies:
+                prompts = max(self.min_prompts, concurrency * self.min_prompts)
+                steps.append(
+                    {"name": f"c{concurrency}{suffix}", "concurrency": concurrency,
+                     "num_prompts": prompts, **shape}
+                )  # fmt: skip
+            for fraction in self.rate_fractions:
+                step = self.rate_step(round(max_rate * fraction, 2))
+                steps.append({**step, "name": step["name"] + suffix})
+        return steps
+
+    def rate_step(self, rate: float) -> dict:
+        """An open-loop step of about step_seconds at `rate` req/s."""
+        prompts = max(self.min_prompts, math.ceil(rate * self.step_seconds))
+        return {"name": f"r{rate:g}", "rate": rate, "num_prompts": prompts,
+                "input_len": self.input_len, "output_len": self.output_len}  # fmt: skip
+
+
+def _runner(playbook: str, inventory: Path, extravars: dict, artifacts: Path) -> None:
+    import ansible_runner
+
+    repo = paths.repo_root()
+    bin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory(prefix="socketwise-runner-") as private:
+        result = ansible_runner.run(
+            private_data_dir=private,
+            project_dir=str(repo),
+            playbook=str(repo / playbook),
+            inventory=str(inventory.resolve()),
+            extravars=extravars,
+            envvars={
+                "ANSIBLE_CONFIG": str(repo / "ansible.cfg"),
+                "ANSIBLE_ROLES_PATH": str(repo / "roles"),
+                "SOCKETWISE_ARTIFACTS": str(artifacts),
+                "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            },
+            quiet=True,
+        )
+        if result.rc != 0:
+            failed = [
+                f"{event['event_data'].get('host')}: {event['event_data'].get('task')}: "
+                f"{event['event_data'].get('res', {}).get('msg', '')}"
+                for event in result.events
+                if event.get("event") == "runner_on_failed"
+            ]
+            raise SweepError(f"{playbook} failed ({result.status}): {'; '.join(failed)}")
+
+
+def _bench(inventory: Path, layout: str, steps: list[dict], run_dir: Path, batch: str) -> dict:
+    """Run `steps` on every host; unpack each into run_dir/hosts/HOST/LAYOUT/BATCH."""
+    with tempfile.TemporaryDirectory(prefix="socketwise-fetch-") as fetched:
+        _runner(
+            "playbooks/bench.yml",
+            inventory,
+            {**LAYOUTS[layout], "benchmark_steps": steps, "benchmark_fetch_dir": fetched},
+            run_dir / "artifacts",
+        )
+        unpacked = {}
+        for archive in sorted(Path(fetched).glob("*.tar.gz")):
+            host = archive.name.removesuffix(".tar.gz")
+            target = run_dir / "hosts" / host / layout / batch
+            if target.exists():
+                shutil.rmtree(target)
+            with tarfile.open(archive) as tar:
+                tar.extractall(target, filter="data")
+            unpacked[host] = target
+        return unpacked
+
+
+def summary_rows(host: str, layout: str, results: Path) -> list[dict]:
+    """summary.csv rows from one host's unpacked results of one layout."""
+    rows = []
+    steps = [(json.loads(p.read_text()), p.parent) for p in results.glob("*/step.json")]
+    for step, step_dir in sorted(steps, key=lambda pair: pair[0].get("started", 0)):
+        bench_file = step_dir / "bench.json"
+        if step["name"].startswith("max") or not bench_file.exists():
+            continue
+        bench = json.loads(bench_file.read_text())
+        rows.append(
+            {
+                "host": host,
+                "layout": layout,
+                "rate": step.get("rate"),
+                "concurrency": step.get("concurrency"),
+                "output_tok_s": round(bench["output_throughput"], 3),
+                "ttft_p50_ms": round(bench["median_ttft_ms"], 2),
+                "ttft_p99_ms": round(bench["p99_ttft_ms"], 2),
+                "itl_p50_ms": round(bench["median_itl_ms"], 2),
+                "itl_p99_ms": round(bench["p99_itl_ms"], 2),
+                "completed": bench["completed"],
+                "failed": bench.get("failed", 0),
+            }
+        )
+    return rows
+
+
+def step_power_rows(host: str, layout: str, results: Path) -> list[dict]:
+    """power.csv rows (mean watts per step, and the idle baseline) of one layout's results."""
+    rows = []
+    idle = results / "idle.json"
+    if idle.exists():
+        rows += power_rows(host, "idle", None, None, json.loads(idle.read_text())["power"])
+    for step_file in sorted(results.glob("*/step.json")):
+        step = json.loads(step_file.read_text())
+        if step["name"].startswith("max"):
+            continue
+        load = (step.get("rate"), step.get("concurrency"))
+        rows += power_rows(host, layout, *load, step.get("power") or {})
+    return rows
+
+
+class Sweep:
+    """One experiment: deploys layouts on demand, runs step batches, keeps the rows."""
+
+    def __init__(self, inventory: Path, run_dir: Path, profile: Profile, planned_steps: int):
+        self.inventory, self.run_dir, self.profile = inventory, run_dir, profile
+        self.deployed: str | None = None
+        self.summary: list[dict] = []
+        self.power: list[dict] = []
+        self.flat_out: dict[str, float] = {}
+        self.started, self.steps_done, self.steps_planned = time.monotonic(), 0, planned_steps
+
+    def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
+        """Run `steps` on `layout` (deploying it first if needed): {host: {step: bench}}."""
+        if self.deployed != layout:
+            self._say(f"{layout}: deploying")
+            artifacts = self.run_dir / "artifacts" / layout
+            _runner("deploy.yml", self.inventory, LAYOUTS[layout], artifacts)
+            self.deployed = layout
+        self._say(f"{layout}: {batch}, {len(steps)} step(s): {[s['name'] for s in steps]}")
+        found: dict[str, dict[str, dict]] = {}
+        for host, results in _bench(self.inventory, layout, steps, self.run_dir, batch).items():
+            self.summary += summary_rows(host, layout, results)
+            self.power += step_power_rows(host, layout, results)
+            found[host] = {
+                path.parent.name: json.loads(path.read_text())
+                for path in results.glob("*/bench.json")
+            }
+            flat = found[host].get("max")
+            if flat:
+                rate = flat["request_throughput"]
+                self.flat_out[layout] = min(self.flat_out.get(layout, rate), rate)
+        self.steps_done += len(steps)
+        return found
+
+    def _say(self, message: str) -> None:
+        done, planned = self.steps_done, max(self.steps_planned, self.steps_done)
+        elapsed = time.monotonic() - self.started
+        eta = f"ETA {elapsed / done * (planned - done) / 60:.1f} min" if done else "ETA unknown"
+        print(f"[sweep] step {done}/{planned}, {eta}: {message}", flush=True)
+
+    def throughput(self, layout: str, rate: float) -> float:
+        """Median output tok/s of `layout` at `rate` over hosts and repetitions."""
+        values = sorted(
+            r["output_tok_s"] for r in self.summary if r["layout"] == layout and r["rate"] == rate
+        )
+        return values[len(values) // 2] if values else 0.0
+
+
+def _flat_out_step(profile: Profile) -> dict:
+    return {"name": "max", "rate": "inf", "num_prompts": profile.calibration_prompts,
+            "input_len": profile.input_len, "output_len": profile.output_len}  # fmt: skip
+
+
+def run_fixed(experiment: Sweep, layouts: list[str]) -> None:
+    """Calibrate on the first layout, then every layout at the same calibrated steps."""
+    profile = experiment.profile
+    experiment.measure(layouts[0], [_flat_out_step(profile)], "calibration")
+    steps = profile.steps(experiment.flat_out[layouts[0]])
+    for layout in layouts:
+        experiment.measure(layout, steps, "sweep")
+
+
+def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
+    """Bracket each layout (synchronous and flat out), then bisect the SN/DP crossover.
+
+    The flat-out rate is where a layout saturates. DP can only overtake SN above the
+    rate SN sustains comfortably, so the search starts between half of SN's flat-out
+    rate and the highest flat-out rate of any layout, and each round measures the
+    midpoint on the two layouts (alternating order, so one redeploy per round).
+    """
+    profile = experiment.profile
+    bracket = [
+        {"name": "c1", "concurrency": 1, "num_prompts": profile.min_prompts,
+         "input_len": profile.input_len, "output_len": profile.output_len},
+        _flat_out_step(profile),
+    ]  # fmt: skip
+    for layout in layouts:
+        experiment.measure(layout, bracket, "bracket")
+    search: dict = {"saturation_rate": dict(experiment.flat_out), "rounds": []}
+    first, second = layouts[0], next((x for x in layouts[1:] if x.startswith("dp")), None)
+    if second is None:
+        return search
+    low = round(experiment.flat_out[first] / 2, 2)
+    high = round(max(experiment.flat_out.values()), 2)
+    order = [second, first]
+    for number in range(1, rounds + 1):
+        rate = round((low + high) / 2, 2)
+        step = profile.rate_step(rate)
+        for layout in order:
+            experiment.measure(layout, [step], f"round-{number}")
+        ahead = experiment.throughput(second, rate) > 1.03 * experiment.throughput(first, rate)
+        search["rounds"].append({"rate": rate, "second_ahead": ahead, "low": low, "high": high})
+        low, high = (low, rate) if ahead else (rate, high)
+        order.reverse()
+    search["crossover_between"] = [low, high]
+    return search
+
+
+def sweep(
+    inventory: Path,
+    layouts: list[str],
+    run_dir: Path,
+    profile: Profile,
+    restore: bool = True,
+    mode: str = "fixed",
+    rounds: int = 2,
+) -> Path:
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}")
+    if mode not in ("fixed", "adaptive"):
+        raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest: dict = {
+        "schema": 1,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "inventory": str(inventory),
+        "layouts": layouts,
+        "mode": mode,
+        "profile": asdict(profile),
+        "load_generator": "vllm.benchmarks.serve (random dataset, --ignore-eos)",
+        "load_shape": {
+            "concurrency": "closed loop: that many requests in flight",
+            "rate": "open loop: Poisson arrivals at that many requests per second",
+        },
+        "measured_boundary": "HTTP client on the served host (reserved cores when the plan "
+        "has any) to the planned endpoint: tokenisation, queueing, prefill and decode",
+        "warm_up": "deploy.yml's readiness completion, and a flat-out run before the "
+        "measured steps (calibration or bracket)",
+        "hosts": {},
+    }
+    per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
+    experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts))
+    if mode == "fixed":
+        run_fixed(experiment, layouts)
+        manifest["calibration"] = {
+            "layout": layouts[0],
+            "max_request_rate": experiment.flat_out[layouts[0]],
+        }
+    else:
+        manifest["adaptive"] = run_adaptive(experiment, layouts, rounds)
+    if restore:
+        print("[sweep] restoring the configured layout", flush=True)
+        _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored")
+    _collect_hosts(run_dir, manifest)
+    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_csv(run_dir / "summary.csv", SUMMARY_COLUMNS, experiment.summary)
+    if experiment.power:
+        write_csv(run_dir / "power.csv", POWER_COLUMNS, experiment.power)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return run_dir
+
+
+def _collect_hosts(run_dir: Path, manifest: dict) -> None:
+    """Per host: model, versions, weight bytes and bandwidth, from the deploy artifacts."""
+    for summary_file in sorted((run_dir / "artifacts").glob("*/*/deploy-summary.json")):
+        deployed = json.loads(summary_file.read_text())
+        host = summary_file.parent.name
+        entry = manifest["hosts"].setdefault(host, {})
+        entry.update(
+            {
+                "model": deployed["model"],
+                "served_model_name": deployed["served_model_name"],
+                "dtype": deployed["dtype"],
+                "vllm_version": deployed["versions"]["vllm"],
+                "model_bytes": int(deployed["plan"]["model_gb"] * 2**30),
+            }
+        )
+        entry.setdefault("layouts", {})[summary_file.parent.parent.name] = deployed["plan"]
+    for bandwidth_file in sorted((run_dir / "hosts").glob("*/*/*/bandwidth.json")):
+        node_gbps = json.loads(bandwidth_file.read_text())
+        entry = manifest["hosts"].setdefault(bandwidth_file.parents[2].name, {})
+        entry["bandwidth_per_node_gbps"] = node_gbps
+        entry["bandwidth_gbps"] = min(node_gbps.values())
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="deploy and benchmark each layout, write a run directory and its report",
+        description="Deploy each layout on every host of the inventory, benchmark it, "
+        "collect everything into a run directory, restore the configured layout, report.",
+    )
+    parser.add_argument("-i", "--inventory", type=Path, default=Path("inventories/lab"))
+    parser.add_argument("--layouts", default="sn,dp", help=f"comma list of {', '.join(LAYOUTS)}")
+    parser.add_argument("--run-dir", type=Path, help="default runs/<time>")
+    parser.add_argument("--concurrencies", default="1,4", help="closed-loop points")
+    parser.add_argument("--rate-fractions", default="0.25,0.5,0.75,1.0,1.5")
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--step-seconds", type=float, default=300.0)
+    parser.add_argument("--repetitions", type=int, default=1)
+    parser.add_argument("--no-restore", action="store_true", help="leave the last layout")
+    parser.add_argument(
+        "--mode", default="fixed", help="fixed (calibrated grid) or adaptive (bracket+bisect)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="bisection rounds (adaptive)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    profile = Profile(
+        concurrencies=[int(x) for x in args.concurrencies.split(",") if x],
+        rate_fractions=[float(x) for x in args.rate_fractions.split(",") if x],
+        input_len=args.input_len,
+        output_len=args.output_len,
+        step_seconds=args.step_seconds,
+        repetitions=args.repetitions,
+    )
+    try:
+        sweep(
+            args.inventory, args.layouts.split(","), run_dir, profile,
+            not args.no_restore, args.mode, args.rounds,
+        )  # fmt: skip
+    except SweepError as exc:
+        print(f"socketwise sweep: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"[sweep] run directory {run_dir}")
+    try:
+        from socketwise import report
+    except ImportError:
+        return 0
+    for written in report.write(run_dir):
+        print(f"[sweep] wrote {written}")
+    return 0

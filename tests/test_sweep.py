@@ -1,0 +1,51 @@
+"""The sweep's own decisions: where its steps go and how results become summary.csv."""
+
+import csv
+import json
+
+from socketwise.rundir import SUMMARY_COLUMNS, write_csv
+from socketwise.sweep import Profile, summary_rows
+
+
+def test_rates_are_placed_relative_to_the_measured_maximum():
+    steps = Profile(rate_fractions=[0.5, 1.0, 1.5], step_seconds=10).steps(max_rate=4.0)
+    rates = [s["rate"] for s in steps if "rate" in s]
+    assert rates == [2.0, 4.0, 6.0]
+    # Each open-loop step lasts about step_seconds: prompts = rate x seconds.
+    assert [s["num_prompts"] for s in steps if "rate" in s] == [20, 40, 60]
+    assert [s["concurrency"] for s in steps if "concurrency" in s] == [1, 4]
+
+
+def test_the_same_sweep_scales_with_the_host():
+    small = Profile().steps(max_rate=0.8)
+    big = Profile().steps(max_rate=80.0)
+    assert [s["rate"] for s in big if "rate" in s] == [
+        round(100 * s["rate"], 2) for s in small if "rate" in s
+    ]
+
+
+def test_repetitions_repeat_every_point_under_distinct_names():
+    steps = Profile(repetitions=3).steps(max_rate=2.0)
+    names = [s["name"] for s in steps]
+    assert len(names) == len(set(names)) == 3 * 7
+    assert sum(1 for s in steps if s.get("rate") == 1.0) == 3
+
+
+def test_bench_results_become_contract_rows(tmp_path):
+    bench = {
+        "output_throughput": 123.456, "median_ttft_ms": 20.0, "p99_ttft_ms": 40.0,
+        "median_itl_ms": 4.0, "p99_itl_ms": 9.0, "completed": 8, "failed": 0,
+    }  # fmt: skip
+    steps = (("r2", {"rate": 2.0}), ("c1", {"concurrency": 1}), ("max", {"rate": "inf"}))
+    for started, (name, step) in zip((2, 1, 0), steps, strict=True):
+        (tmp_path / name).mkdir()
+        record = {"name": name, "started": started, **step}
+        (tmp_path / name / "step.json").write_text(json.dumps(record))
+        (tmp_path / name / "bench.json").write_text(json.dumps(bench))
+    rows = summary_rows("lab1", "sn", tmp_path)
+    assert [(r["rate"], r["concurrency"]) for r in rows] == [(None, 1), (2.0, None)]
+    write_csv(tmp_path / "summary.csv", SUMMARY_COLUMNS, rows)
+    with (tmp_path / "summary.csv").open() as f:
+        read = list(csv.DictReader(f))
+    assert list(read[0]) == list(SUMMARY_COLUMNS)
+    assert read[1]["output_tok_s"] == "123.456" and read[1]["rate"] == "2.0"

@@ -1,0 +1,83 @@
+"""A real short sweep on a lab machine: SN and DP-2, calibrated, a few steps each,
+ending in a complete run directory and a report."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from socketwise import lab, report
+from socketwise.sweep import Profile, sweep
+
+from .test_report import assert_renders
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Iterator[Path]:
+    if any(m.running for m in lab.status()):
+        pytest.fail("a lab is already running: `socketwise lab down` first")
+    lab.down(purge=True)
+    lab.up(machines=1)
+    profile = Profile(
+        concurrencies=[1],
+        rate_fractions=[0.5, 1.5],
+        input_len=64,
+        output_len=32,
+        step_seconds=4,
+        min_prompts=4,
+        calibration_prompts=16,
+    )
+    try:
+        yield sweep(Path("inventories/lab"), ["sn", "dp"], tmp_path_factory.mktemp("run"), profile)
+    finally:
+        lab.down(purge=True)
+
+
+def test_summary_has_every_step_of_both_layouts(run_dir):
+    with (run_dir / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {r["layout"] for r in rows} == {"sn", "dp"}
+    for layout in ("sn", "dp"):
+        mine = [r for r in rows if r["layout"] == layout]
+        assert [r["concurrency"] for r in mine if r["concurrency"]] == ["1"]
+        assert len([r for r in mine if r["rate"]]) == 2
+        assert all(int(r["completed"]) > 0 and float(r["output_tok_s"]) > 0 for r in mine)
+
+
+def test_run_directory_discloses_what_was_measured(run_dir):
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    host = manifest["hosts"]["lab1"]
+    assert host["vllm_version"] == "0.32.0"
+    assert host["model_bytes"] > 0 and host["bandwidth_gbps"] > 0
+    assert manifest["calibration"]["max_request_rate"] > 0
+    for layout in ("sn", "dp"):
+        results = run_dir / "hosts" / "lab1" / layout / "sweep"
+        assert (results / "idle.json").exists()
+        assert (
+            "Started" in (results / "journal.txt").read_text()
+            or (results / "journal.txt").stat().st_size > 0
+        )
+        assert "task" in (results / "placement.txt").read_text()
+        assert (results / "c1" / "metrics.jsonl").read_text().strip()
+        assert (run_dir / "artifacts" / layout / "lab1" / "plan.json").exists()
+
+
+def test_the_host_is_back_on_its_configured_layout(run_dir):
+    restored = json.loads(
+        (run_dir / "artifacts" / "restored" / "lab1" / "deploy-summary.json").read_text()
+    )
+    assert restored["layout"] == "sn"
+
+
+def test_the_report_of_the_run_renders_and_decides(run_dir, tmp_path):
+    decisions = report.analyse(run_dir)
+    assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
+    assert decisions["recommendation"], decisions
+    _, page = report.write(run_dir)
+    assert_renders(page, tmp_path, min_images=4)
