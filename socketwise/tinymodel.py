@@ -34,6 +34,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from socketwise.files import replace_dir
+
 MARKER = "socketwise-model.json"
 MARKER_VERSION = 1
 SERVED_NAME = "tiny-llama"
@@ -230,15 +232,7 @@ def generate(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path:
     tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, staging / MARKER)
 
-    old = out_dir.parent / f".{out_dir.name}.old"
-    if old.exists():
-        shutil.rmtree(old)
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(staging, out_dir)
-    if old.exists():
-        shutil.rmtree(old)
-    return out_dir
+    return replace_dir(staging, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:

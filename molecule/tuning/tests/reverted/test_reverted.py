@@ -48,6 +48,7 @@ def test_nothing_of_the_role_is_left_behind(host):
         "/etc/systemd/system/socketwise-tuning.service",
         "/etc/socketwise/tuning.json",
         "/usr/local/lib/socketwise/socketwise_tuning.py",
+        "/usr/local/lib/socketwise/socketwise_topology.py",
         "/var/lib/socketwise/tuning-backup.json",
     ):
         assert not host.file(path).exists, path

@@ -1,0 +1,1 @@
+../../../socketwise/topology.py
