@@ -52,6 +52,8 @@ class Profile:
     min_prompts: int = 8
     calibration_prompts: int = 32
     repetitions: int = 1
+    # Seed of the benchmark's random prompts: the same seed, the same requests.
+    seed: int = 0
 
     def steps(self, max_rate: float) -> list[dict]:
         shape = {"input_len": self.input_len, "output_len": self.output_len}
@@ -106,13 +108,20 @@ def _runner(playbook: str, inventory: Path, extravars: dict, artifacts: Path) ->
             raise SweepError(f"{playbook} failed ({result.status}): {'; '.join(failed)}")
 
 
-def _bench(inventory: Path, layout: str, steps: list[dict], run_dir: Path, batch: str) -> dict:
+def _bench(
+    inventory: Path, layout: str, steps: list[dict], run_dir: Path, batch: str, seed: int
+) -> dict:
     """Run `steps` on every host; unpack each into run_dir/hosts/HOST/LAYOUT/BATCH."""
     with tempfile.TemporaryDirectory(prefix="socketwise-fetch-") as fetched:
         _runner(
             "playbooks/bench.yml",
             inventory,
-            {**LAYOUTS[layout], "benchmark_steps": steps, "benchmark_fetch_dir": fetched},
+            {
+                **LAYOUTS[layout],
+                "benchmark_steps": steps,
+                "benchmark_fetch_dir": fetched,
+                "benchmark_seed": seed,
+            },  # fmt: skip
             run_dir / "artifacts",
         )
         unpacked = {}
@@ -189,7 +198,8 @@ class Sweep:
             self.deployed = layout
         self._say(f"{layout}: {batch}, {len(steps)} step(s): {[s['name'] for s in steps]}")
         found: dict[str, dict[str, dict]] = {}
-        for host, results in _bench(self.inventory, layout, steps, self.run_dir, batch).items():
+        unpacked = _bench(self.inventory, layout, steps, self.run_dir, batch, self.profile.seed)
+        for host, results in unpacked.items():
             self.summary += summary_rows(host, layout, results)
             self.power += step_power_rows(host, layout, results)
             found[host] = {
