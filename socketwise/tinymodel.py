@@ -25,7 +25,6 @@ without our marker is never overwritten unless ``force=True`` (``--force``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import inspect
 import json
 import os
@@ -34,7 +33,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from socketwise.files import replace_dir
+from socketwise.files import read_json, replace_dir, sha256
 
 MARKER = "socketwise-model.json"
 MARKER_VERSION = 1
@@ -87,19 +86,8 @@ def corpus(seed: int = SEED, rounds: int = 24) -> list[str]:
     return lines
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_marker(out_dir: Path) -> dict | None:
-    try:
-        return json.loads((Path(out_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(Path(out_dir) / MARKER)
 
 
 def is_complete(out_dir: Path) -> bool:
@@ -189,7 +177,7 @@ def _build(staging: Path, seed: int) -> dict:
     for path in staging.iterdir():
         path.chmod(0o644)
     files = {
-        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.name: {"size": p.stat().st_size, "sha256": sha256(p)}
         for p in sorted(staging.iterdir())
         if p.is_file()
     }

