@@ -9,6 +9,17 @@ import shutil
 from pathlib import Path
 
 
+def publish(staging: Path, dest: Path, marker_name: str, marker: dict) -> Path:
+    """Write the marker that says `staging` is complete, then put it in place of `dest`.
+
+    The marker is written last and atomically, so a directory that has one is whole.
+    """
+    tmp = staging / (marker_name + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, staging / marker_name)
+    return replace_dir(staging, dest)
+
+
 def replace_dir(staging: Path, dest: Path) -> Path:
     """Put the complete `staging` directory in place of `dest`, never leaving `dest` half
     written: a reader sees the old directory or the new one."""

@@ -27,13 +27,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import random
 import shutil
 import sys
 from pathlib import Path
 
-from socketwise.files import read_json, replace_dir, sha256
+from socketwise.files import publish, read_json, sha256
 
 MARKER = "socketwise-model.json"
 MARKER_VERSION = 1
@@ -216,11 +215,7 @@ def generate(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path:
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     marker = _build(staging, seed)
-    tmp = staging / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, staging / MARKER)
-
-    return replace_dir(staging, out_dir)
+    return publish(staging, out_dir, MARKER, marker)
 
 
 def main(argv: list[str] | None = None) -> int:

