@@ -1,23 +1,37 @@
-"""Run benchmark steps against a vLLM endpoint on the load-generator host (stdlib only).
+"""Benchmark steps against a vLLM endpoint, and watch the served host meanwhile (stdlib only).
 
-Shipped to the host by the `benchmark` role and run there; it drives vLLM's own
-serving benchmark (`vllm.benchmarks.serve`, from the host's vLLM venv) one step at a
-time and records, per step, what a report needs next to the benchmark's JSON: the
-server's /metrics sampled through the step, CPU utilisation, and mean power from the
-sources the host has (RAPL, IPMI DCMI; `power.py` beside this file). Before the first
-step it measures the idle power baseline.
+Shipped by the `benchmark` role and run on hosts in two roles that may be one machine:
 
-    python3 benchrun.py SPEC.json
+    python3 benchrun.py step SPEC.json NAME      # on the load generator, once per step
 
-SPEC: {"out": DIR, "python": VENV_PYTHON, "base_url": URL, "model": NAME,
-       "tokenizer": DIR, "seed": 0, "idle_seconds": 5, "sample_seconds": 2,
+runs one step with the chosen load generator (`tool`): vLLM's own serving benchmark
+(`vllm.benchmarks.serve`) or GuideLLM (`guidellm benchmark run`), each from its venv
+(`python`). It writes OUT/NAME/bench.json (the result in vLLM's field names, whichever
+tool ran; GuideLLM's own report is kept as OUT/NAME/guidellm.json) and OUT/NAME/bench.log,
+and prints the step's record: {...step, "tool", "started", "ended", "returncode",
+"window": [start, end] of the measured load}.
+
+    python3 benchrun.py monitor SPEC.json        # on the served host, for the whole run
+
+measures the idle baseline first (OUT/idle.json: CPU and mean power over idle_seconds,
+written when done, so the load starts after it), then samples every sample_seconds into
+OUT/monitor.jsonl: the power sources the host has (RAPL, IPMI DCMI; `power.py` beside
+this file), CPU time, and the servers' /metrics (summed over every instance port). On
+SIGTERM it reads OUT/steps.json (the step records, in order) and writes per step
+OUT/NAME/step.json (the record plus the served host's CPU utilisation and mean power
+over the step's `window`: the load itself, without the tool's start-up) and
+OUT/NAME/metrics.jsonl, then OUT/journal.txt (the servers' journal since the run
+began) and OUT/placement.txt (numastat and the threads' CPUs of every server). The
+two hosts' clocks must agree (NTP) when they are two machines.
+
+SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "python": TOOL_VENV_PYTHON,
+       "base_url": URL the load generator uses, "metrics_urls": [URL/metrics, ...],
+       "model": NAME, "tokenizer": DIR, "seed": 0, "idle_seconds": 5,
+       "sample_seconds": 2,
        "steps": [{"name": "c1", "concurrency": 1, "num_prompts": 8,
                   "input_len": 256, "output_len": 128}, {"name": "r2", "rate": 2.0, ...}]}
-A step has either `rate` (open loop, req/s; "inf" for as fast as possible) or
-`concurrency` (closed loop). Results: OUT/idle.json, OUT/STEP/bench.json,
-OUT/STEP/step.json, OUT/STEP/metrics.jsonl, and for the whole run OUT/journal.txt
-(the servers' journal since the run began) and OUT/placement.txt (numastat and the
-threads' CPUs of every server).
+A step has either `rate` (open loop, Poisson arrivals, req/s; "inf" for as fast as
+possible) or `concurrency` (closed loop).
 
     python3 benchrun.py --bandwidth OUT.json NODE:THREADS ...
 
@@ -29,7 +43,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -61,51 +77,22 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def scrape(base_url: str) -> dict[str, float]:
-    """The METRICS series of the server's /metrics (summed over labels)."""
-    root = base_url.rsplit("/v1", 1)[0]
+def scrape(urls: list[str]) -> dict[str, float]:
+    """The METRICS series of the servers' /metrics, summed over labels and instances."""
     values: dict[str, float] = {}
-    with urllib.request.urlopen(f"{root}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in METRICS:
-                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in METRICS:
+                    values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return values
 
 
-class Sampler(threading.Thread):
-    """Samples /metrics every `interval` seconds until stopped."""
-
-    def __init__(self, base_url: str, interval: float, sink: Path):
-        super().__init__(daemon=True)
-        self.base_url, self.interval, self.sink = base_url, interval, sink
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        with self.sink.open("w") as out:
-            while not self.stopped.wait(self.interval):
-                try:
-                    sample = {"t": time.time(), **scrape(self.base_url)}
-                except OSError as error:
-                    sample = {"t": time.time(), "error": str(error)}
-                out.write(json.dumps(sample) + "\n")
-                out.flush()
+# --- the load generators --------------------------------------------------------------
 
 
-class PowerMeter(threading.Thread):
-    """Mean power of every source the host has, from start until stopped."""
-
-    def __init__(self, root: str):
-        super().__init__(daemon=True)
-        self.root = root
-        self.stopped = threading.Event()
-        self.result: dict = {}
-
-    def run(self) -> None:
-        self.result = power.measure(float("inf"), self.root, stop=self.stopped.is_set)
-
-
-def bench_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
+def vllm_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
     args = [
         spec["python"], "-c", BENCH,
         "--backend", "vllm",
@@ -130,48 +117,199 @@ def bench_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
     return args
 
 
-def run_step(spec: dict, step: dict) -> dict:
-    step_dir = Path(spec["out"]) / step["name"]
+def guidellm_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
+    """GuideLLM 0.8.1's `run` for one step, on /v1/completions so prompts are exactly
+    input_len tokens (the chat template would add some); GuideLLM sends ignore_eos and
+    max_tokens itself when the data fix output_tokens.
+
+    Open loop is `constant` (evenly spaced arrivals), not `poisson`: 0.8.1's Poisson
+    scheduler can release every request at once (its workers read the start offset
+    before it is set) or repeat the same gaps in every worker.
+    """
+    if "concurrency" in step:
+        profile = f"kind=concurrent,streams={step['concurrency']}"
+    elif str(step["rate"]) == "inf":
+        # Every request in flight at once, as vLLM's benchmark does at rate inf.
+        profile = f"kind=throughput,max_concurrency={step['num_prompts']}"
+    else:
+        profile = f"kind=constant,rate={step['rate']}"
+    return [
+        spec["python"], "-m", "guidellm", "run",
+        "--backend", f"kind=openai_http,target={spec['base_url'].rsplit('/v1', 1)[0]},"
+                     f"model={spec['model']},request_format=/v1/completions",
+        "--profile", profile,
+        "--constraint", f"kind=max_requests,count={step['num_prompts']}",
+        "--data", f"kind=synthetic_text,prompt_tokens={step['input_len']},"
+                  f"output_tokens={step['output_len']}",
+        "--tokenizer", f"kind=hf_auto,model={spec['tokenizer']}",
+        "--seed", f"kind=static,value={spec.get('seed', 0)}",
+        "--output", f"kind=json,path={step_dir / 'guidellm.json'}",
+        "--disable-console",
+    ]  # fmt: skip
+
+
+def guidellm_env() -> dict[str, str]:
+    """Quiet, offline, and one worker process per CPU this runner may use."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING",
+        "GUIDELLM__MAX_WORKER_PROCESSES": str(max(1, len(os.sched_getaffinity(0)))),
+    }
+
+
+def guidellm_result(step_dir: Path) -> str | None:
+    """Write bench.json in vLLM's field names from guidellm.json; a reason when unusable."""
+    report = json.loads((step_dir / "guidellm.json").read_text())
+    (bench,) = report["benchmarks"]
+    metrics, totals = bench["metrics"], bench["metrics"]["request_totals"]
+    early = [
+        r for r in bench["requests"]["successful"]
+        if r["info"]["timings"]["targeted_start"] < bench["scheduler_state"]["start_time"]
+    ]  # fmt: skip
+    if early:
+        return f"{len(early)} request(s) scheduled before the benchmark began (burst)"
+
+    def successful(name: str) -> dict:
+        return metrics[name]["successful"]
+
+    result = {
+        "tool": "guidellm",
+        "duration": bench["duration"],
+        "benchmark_started": bench["start_time"],
+        "benchmark_ended": bench["end_time"],
+        "completed": totals["successful"],
+        "failed": totals["errored"] + totals["incomplete"],
+        "request_throughput": successful("requests_per_second")["mean"],
+        "output_throughput": successful("output_tokens_per_second")["mean"],
+        "median_ttft_ms": successful("time_to_first_token_ms")["median"],
+        "p99_ttft_ms": successful("time_to_first_token_ms")["percentiles"]["p99"],
+        "median_itl_ms": successful("inter_token_latency_ms")["median"],
+        "p99_itl_ms": successful("inter_token_latency_ms")["percentiles"]["p99"],
+    }
+    (step_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    return None
+
+
+# tool: (argv for one step, environment, bench.json from the tool's own result or None
+# when the tool writes it itself: vLLM's does).
+TOOLS = {
+    "vllm": (vllm_args, lambda: None, None),
+    "guidellm": (guidellm_args, guidellm_env, guidellm_result),
+}
+
+
+def run_step(spec: dict, name: str) -> dict:
+    step = next((s for s in spec["steps"] if s["name"] == name), None)
+    if step is None:
+        raise SystemExit(
+            f"no step {name!r} in the spec; it has {[s['name'] for s in spec['steps']]}"
+        )
+    tool = spec.get("tool", "vllm")
+    args, env, result_of = TOOLS[tool]
+    step_dir = Path(spec["out"]) / name
     step_dir.mkdir(parents=True, exist_ok=True)
-    sampler = Sampler(spec["base_url"], spec.get("sample_seconds", 2), step_dir / "metrics.jsonl")
-    meter = PowerMeter(spec.get("root", "/"))
-    busy0, total0 = cpu_times()
     started = time.time()
-    sampler.start()
-    meter.start()
-    result = subprocess.run(
-        bench_args(spec, step, step_dir), capture_output=True, text=True, check=False
-    )
-    sampler.stopped.set()
-    meter.stopped.set()
-    sampler.join()
-    meter.join()
+    done = subprocess.run(
+        args(spec, step, step_dir), capture_output=True, text=True, check=False,
+        env=env(), cwd=step_dir,
+    )  # fmt: skip
     ended = time.time()
-    busy1, total1 = cpu_times()
-    (step_dir / "bench.log").write_text(result.stdout[-20000:] + result.stderr[-20000:])
-    record = {
-        **step,
-        "started": started,
-        "ended": ended,
-        "returncode": result.returncode,
-        "cpu_utilisation": (busy1 - busy0) / max(1, total1 - total0),
-        "power": meter.result,
-    }
-    (step_dir / "step.json").write_text(json.dumps(record, indent=2) + "\n")
+    log = done.stdout[-20000:] + done.stderr[-20000:]
+    returncode = done.returncode
+    if returncode == 0 and result_of is not None:
+        problem = result_of(step_dir)
+        if problem:
+            log += f"\nsocketwise: the result is unusable: {problem}\n"
+            returncode = 3
+    (step_dir / "bench.log").write_text(log)
+    record = {**step, "tool": tool, "started": started, "ended": ended, "returncode": returncode}
+    if returncode == 0:
+        record["window"] = load_window(step_dir)
     return record
 
 
-def idle_baseline(spec: dict) -> dict:
-    busy0, total0 = cpu_times()
-    measured = power.measure(spec.get("idle_seconds", 5), spec.get("root", "/"))
-    busy1, total1 = cpu_times()
-    record = {
-        "seconds": spec.get("idle_seconds", 5),
-        "cpu_utilisation": (busy1 - busy0) / max(1, total1 - total0),
-        "power": measured,
-    }
-    (Path(spec["out"]) / "idle.json").write_text(json.dumps(record, indent=2) + "\n")
-    return record
+def load_window(step_dir: Path) -> list[float]:
+    """[start, end] of the measured load itself, without the tool's start-up and exit:
+    GuideLLM records both; vLLM's benchmark records its duration and saves the result
+    the moment it ends."""
+    bench_file = step_dir / "bench.json"
+    bench = json.loads(bench_file.read_text())
+    if "benchmark_ended" in bench:
+        return [bench["benchmark_started"], bench["benchmark_ended"]]
+    end = bench_file.stat().st_mtime
+    return [end - bench["duration"], end]
+
+
+# --- the served host's monitor --------------------------------------------------------
+
+
+class Monitor:
+    """The served host's timeline: power, CPU time and /metrics every `sample_seconds`."""
+
+    def __init__(self, spec: dict):
+        self.spec, self.out = spec, Path(spec["out"])
+        self.interval = float(spec.get("sample_seconds", 2))
+        self.power = power.Sources(spec.get("root", "/"))
+        self.samples: list[dict] = []
+        self.stopped = threading.Event()
+
+    def sample(self) -> dict:
+        reading = self.power.read() if self.samples else self.power.first
+        busy, total = cpu_times()
+        sample = {**reading, "cpu": [busy, total]}
+        try:
+            sample["metrics"] = scrape(self.spec.get("metrics_urls", []))
+        except OSError as error:
+            sample["metrics_error"] = str(error)
+        self.samples.append(sample)
+        return sample
+
+    def window(self, start: float, end: float) -> dict:
+        """CPU utilisation and mean power per source over [start, end]."""
+        before = [s for s in self.samples if s["t"] <= start] or self.samples[:1]
+        after = [s for s in self.samples if s["t"] >= end] or self.samples[-1:]
+        (busy0, total0), (busy1, total1) = before[-1]["cpu"], after[0]["cpu"]
+        return {
+            "cpu_utilisation": (busy1 - busy0) / max(1, total1 - total0),
+            "power": power.window(self.power.missing, self.power.ranges, self.samples, start, end),
+        }
+
+    def run(self) -> None:
+        began = time.time()
+        idle_seconds = float(self.spec.get("idle_seconds", 5))
+        idle_written = False
+        with (self.out / "monitor.jsonl").open("w") as timeline:
+            while True:
+                timeline.write(json.dumps(self.sample()) + "\n")
+                timeline.flush()
+                elapsed = time.time() - began
+                if not idle_written and elapsed >= idle_seconds:
+                    record = {"seconds": idle_seconds, **self.window(began, time.time())}
+                    (self.out / "idle.json").write_text(json.dumps(record, indent=2) + "\n")
+                    idle_written = True
+                # Until the baseline is written, wake up when it is due.
+                due = self.interval if idle_written else max(0.05, idle_seconds - elapsed)
+                if self.stopped.wait(min(self.interval, due)):
+                    break
+            timeline.write(json.dumps(self.sample()) + "\n")
+        self.split()
+        surroundings(self.out, began)
+
+    def split(self) -> None:
+        """Per step: the record plus the served host's CPU and power, and its /metrics."""
+        steps_file = self.out / "steps.json"
+        records = json.loads(steps_file.read_text()) if steps_file.exists() else []
+        for record in records:
+            step_dir = self.out / record["name"]
+            step_dir.mkdir(parents=True, exist_ok=True)
+            start, end = record.get("window") or (record["started"], record["ended"])
+            measured = {**record, **self.window(start, end)}
+            (step_dir / "step.json").write_text(json.dumps(measured, indent=2) + "\n")
+            with (step_dir / "metrics.jsonl").open("w") as out:
+                for sample in self.samples:
+                    if start <= sample["t"] <= end and "metrics" in sample:
+                        out.write(json.dumps({"t": sample["t"], **sample["metrics"]}) + "\n")
 
 
 def surroundings(out: Path, since: float) -> None:
@@ -226,24 +364,26 @@ def measure_bandwidth(nodes: dict[str, int]) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    if argv[1] == "--bandwidth":
+    if len(argv) > 1 and argv[1] == "--bandwidth":
         nodes = dict(arg.split(":") for arg in argv[3:])
         result = measure_bandwidth({node: int(threads) for node, threads in nodes.items()})
         Path(argv[2]).parent.mkdir(parents=True, exist_ok=True)
         Path(argv[2]).write_text(json.dumps(result) + "\n")
         return 0
-    spec = json.loads(Path(argv[1]).read_text())
-    out = Path(spec["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    began = time.time()
-    idle_baseline(spec)
-    failed = 0
-    for number, step in enumerate(spec["steps"], 1):
-        record = run_step(spec, step)
-        failed += record["returncode"] != 0
-        print(f"step {number}/{len(spec['steps'])} {step['name']}: rc {record['returncode']}")
-    surroundings(out, began)
-    return 1 if failed else 0
+    if len(argv) == 4 and argv[1] == "step":
+        record = run_step(json.loads(Path(argv[2]).read_text()), argv[3])
+        print(json.dumps(record))
+        return 0 if record["returncode"] == 0 else 1
+    if len(argv) == 3 and argv[1] == "monitor":
+        spec = json.loads(Path(argv[2]).read_text())
+        Path(spec["out"]).mkdir(parents=True, exist_ok=True)
+        monitor = Monitor(spec)
+        signal.signal(signal.SIGTERM, lambda signum, frame: monitor.stopped.set())
+        signal.signal(signal.SIGINT, lambda signum, frame: monitor.stopped.set())
+        monitor.run()
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -799,8 +799,10 @@ def _failed_units(machine: Machine) -> str:
 # --- inventory ---------------------------------------------------------------------------
 
 
-def write_inventory(machines: list[Machine], inventory_dir: Path) -> Path:
-    """Write `hosts.yml` with group `lab`. Strings are JSON-quoted: valid YAML scalars."""
+def write_inventory(machines: list[Machine], inventory_dir: Path, loadgen: int = 0) -> Path:
+    """Write `hosts.yml` with group `lab`; the last `loadgen` machines are also in the
+    group `socketwise_loadgen` (they generate load and serve nothing). Strings are
+    JSON-quoted: valid YAML scalars."""
     lines = [
         "# Written by `socketwise lab up`; rewritten on every `up`. Do not edit.",
         "all:",
@@ -821,6 +823,9 @@ def write_inventory(machines: list[Machine], inventory_dir: Path) -> Path:
         }
         lines.append(f"        {machine.name}:")
         lines.extend(f"          {key}: {json.dumps(value)}" for key, value in host_vars.items())
+    if loadgen:
+        lines += ["    socketwise_loadgen:", "      hosts:"]
+        lines += [f"        {machine.name}:" for machine in machines[-loadgen:]]
     inventory_dir.mkdir(parents=True, exist_ok=True)
     path = inventory_dir / INVENTORY_FILE
     _write_atomically(path, "\n".join(lines) + "\n")
@@ -857,9 +862,14 @@ def status() -> list[Machine]:
 
 
 def up(
-    machines: int = 1, readonly_proc: bool = False, inventory_dir: Path | None = None
+    machines: int = 1,
+    readonly_proc: bool = False,
+    inventory_dir: Path | None = None,
+    loadgen: int = 0,
 ) -> list[Machine]:
     """Make lab1..lab`machines` run, write the inventory, return the running machines.
+
+    The last `loadgen` of the running machines go into the group socketwise_loadgen.
 
     Machines already running are left as they are, including their /proc mode:
     `readonly_proc` applies to the machines this call boots. Machines beyond `machines`
@@ -867,6 +877,11 @@ def up(
     """
     if not 1 <= machines <= MAX_MACHINES:
         raise LabError(f"--machines must be between 1 and {MAX_MACHINES}, not {machines}")
+    if not 0 <= loadgen < machines:
+        raise LabError(
+            f"--loadgen {loadgen}: it must leave at least one of the {machines} machine(s) "
+            f"to serve; raise --machines or lower --loadgen"
+        )
     _require_root()
     with _locked():
         current = {machine.name: machine for machine in status()}
@@ -911,7 +926,7 @@ def up(
                 _write_state([m for m in current.values() if m.running])
         running = [machine for machine in current.values() if machine.running]
         running.sort(key=lambda machine: machine_index(machine.name))
-        inventory = write_inventory(running, inventory_dir or default_inventory_dir())
+        inventory = write_inventory(running, inventory_dir or default_inventory_dir(), loadgen)
         _say(f"inventory {inventory}")
         return running
 
@@ -981,7 +996,7 @@ def down(purge: bool = False) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    up(args.machines, args.readonly_proc, args.inventory)
+    up(args.machines, args.readonly_proc, args.inventory, args.loadgen)
     return 0
 
 
@@ -1021,6 +1036,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     up_parser = actions.add_parser("up", help="boot lab1..labN and write the inventory")
     up_parser.add_argument("--machines", type=int, default=1, metavar="N", help="default: 1")
+    up_parser.add_argument(
+        "--loadgen",
+        type=int,
+        default=0,
+        metavar="N",
+        help="put the last N machines in the group socketwise_loadgen (load generators)",
+    )
     up_parser.add_argument(
         "--readonly-proc",
         action="store_true",

@@ -23,7 +23,6 @@ source as {"missing": "why"}.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import shutil
@@ -153,6 +152,96 @@ def ipmi_reading(ipmitool: str = "ipmitool", run: Runner = _run) -> float:
 # --- sampling -------------------------------------------------------------------------
 
 
+class Sources:
+    """The sources a host has, opened once; `read()` takes one timestamped sample.
+
+    A sample is {"t": seconds, "rapl": {domain: energy_uj} or None, "ipmi": watts or
+    None}; `missing` names each source the host does not offer, with the reason.
+    """
+
+    def __init__(
+        self,
+        root: str | Path = "/",
+        ipmitool: str = "ipmitool",
+        run: Runner = _run,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.ipmitool, self.run, self.clock = ipmitool, run, clock
+        self.missing: dict[str, str] = {}
+        self._ipmi_why = ""
+        self.domains: dict[str, Path] = {}
+        self.ranges: dict[str, int] = {}
+        try:
+            self.domains = rapl_domains(root)
+            self.ranges = max_ranges(self.domains)
+        except Missing as exc:
+            self.missing["rapl"] = str(exc)
+        self.first = self.read()
+        if self.first["ipmi"] is None:
+            self.missing.setdefault("ipmi", self._ipmi_why)
+
+    def read(self) -> dict:
+        sample: dict = {"t": self.clock(), "rapl": None, "ipmi": None}
+        if "rapl" not in self.missing:
+            try:
+                sample["rapl"] = read_counters(self.domains)
+            except Missing as exc:
+                self.missing["rapl"] = str(exc)
+        if "ipmi" not in self.missing:
+            # One failed poll of a slow BMC leaves the other readings standing.
+            try:
+                sample["ipmi"] = ipmi_reading(self.ipmitool, self.run)
+            except Missing as exc:
+                self._ipmi_why = str(exc)
+        return sample
+
+
+def window(
+    sources_missing: dict[str, str],
+    ranges: dict[str, int],
+    samples: list[dict],
+    start: float,
+    end: float,
+) -> dict:
+    """Mean watts per source over [start, end] from timestamped samples.
+
+    RAPL: the energy between the last counter reading at or before `start` and the
+    first at or after `end` (so the window is widened to the sampling grid, never
+    narrowed), corrected for wraps between consecutive readings. IPMI: the mean of the
+    readings taken inside the window, or the nearest one when the window is shorter
+    than the poll interval.
+    """
+    sources: dict[str, dict] = {}
+    counted = [s for s in samples if s.get("rapl") is not None]
+    if "rapl" in sources_missing:
+        sources["rapl"] = {"missing": sources_missing["rapl"]}
+    else:
+        before = [i for i, s in enumerate(counted) if s["t"] <= start]
+        after = [i for i, s in enumerate(counted) if s["t"] >= end]
+        first = before[-1] if before else 0
+        last = after[0] if after else len(counted) - 1
+        inside = [s["rapl"] for s in counted[first : last + 1]]
+        elapsed = counted[last]["t"] - counted[first]["t"] if counted else 0.0
+        try:
+            sources["rapl"] = rapl_watts(inside, elapsed, ranges)
+        except Missing as exc:
+            sources["rapl"] = {"missing": str(exc)}
+    readings = [s for s in samples if s.get("ipmi") is not None]
+    if "ipmi" in sources_missing:
+        sources["ipmi"] = {"missing": sources_missing["ipmi"]}
+    else:
+        inside = [s["ipmi"] for s in readings if start <= s["t"] <= end]
+        if not inside and readings:
+            middle = (start + end) / 2
+            inside = [min(readings, key=lambda s: abs(s["t"] - middle))["ipmi"]]
+        if inside:
+            sources["ipmi"] = {"watts": round(sum(inside) / len(inside), 2),
+                               "samples": len(inside)}  # fmt: skip
+        else:
+            sources["ipmi"] = {"missing": "no DCMI reading in the window"}
+    return {"seconds": round(end - start, 3), "sources": sources}
+
+
 def measure(
     seconds: float,
     root: str | Path = "/",
@@ -164,42 +253,16 @@ def measure(
     stop: Callable[[], bool] = lambda: False,
 ) -> dict:
     """Sample every source for `seconds` (or until `stop()`) and return the mean watts."""
-    rapl: dict | None = None
-    ipmi: dict | None = None
-    try:
-        domains = rapl_domains(root)
-        ranges = max_ranges(domains)
-        counters, counted_at = [read_counters(domains)], [clock()]
-    except Missing as exc:
-        rapl = {"missing": str(exc)}
-    try:
-        readings = [ipmi_reading(ipmitool, run)]
-    except Missing as exc:
-        ipmi = {"missing": str(exc)}
-    start = clock()
+    sources = Sources(root, ipmitool, run, clock)
+    samples = [sources.first]
+    start = samples[0]["t"]
     while not stop():
         left = seconds - (clock() - start)
         if left <= 0:
             break
         sleep(min(interval, left))
-        if rapl is None:
-            try:
-                counters.append(read_counters(domains))
-                counted_at.append(clock())
-            except Missing as exc:
-                rapl = {"missing": str(exc)}
-        if ipmi is None:
-            # One failed poll of a slow BMC leaves the other readings standing.
-            with contextlib.suppress(Missing):
-                readings.append(ipmi_reading(ipmitool, run))
-    if rapl is None:
-        try:
-            rapl = rapl_watts(counters, counted_at[-1] - counted_at[0], ranges)
-        except Missing as exc:
-            rapl = {"missing": str(exc)}
-    if ipmi is None:
-        ipmi = {"watts": round(sum(readings) / len(readings), 2), "samples": len(readings)}
-    return {"seconds": round(clock() - start, 3), "sources": {"rapl": rapl, "ipmi": ipmi}}
+        samples.append(sources.read())
+    return window(sources.missing, sources.ranges, samples, start, clock())
 
 
 def main(argv: list[str] | None = None) -> int:

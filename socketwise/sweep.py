@@ -16,10 +16,12 @@ import argparse
 import json
 import math
 import shutil
+import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,16 @@ from socketwise import paths
 from socketwise.rundir import POWER_COLUMNS, SUMMARY_COLUMNS, power_rows, write_csv
 
 # Layout names of a sweep -> the deploy.yml variables that select them.
+# The benchmark role's per-step task, whose loop items mark the sweep's progress.
+STEP_TASK = "Run step"
+STEP_EVENTS = ("runner_item_on_ok", "runner_item_on_failed")
+# The load generators `--tool` selects, as the manifest discloses them.
+TOOLS = {
+    "vllm": "vllm.benchmarks.serve (random dataset, --ignore-eos)",
+    "guidellm": "guidellm benchmark run (synthetic data of fixed prompt and output tokens)",
+}
+# Hosts of this inventory group generate load for the others and serve nothing.
+LOADGEN_GROUP = "socketwise_loadgen"
 LAYOUTS = {
     "sn": {"plan_layout": "sn"},
     "tp": {"plan_layout": "tp"},
@@ -78,7 +90,13 @@ class Profile:
                 "input_len": self.input_len, "output_len": self.output_len}  # fmt: skip
 
 
-def _runner(playbook: str, inventory: Path, extravars: dict, artifacts: Path) -> None:
+def _runner(
+    playbook: str,
+    inventory: Path,
+    extravars: dict,
+    artifacts: Path,
+    on_event: Callable[[dict], bool] | None = None,
+) -> None:
     import ansible_runner
 
     repo = paths.repo_root()
@@ -97,6 +115,7 @@ def _runner(playbook: str, inventory: Path, extravars: dict, artifacts: Path) ->
                 "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
             },
             quiet=True,
+            event_handler=on_event,
         )
         if result.rc != 0:
             failed = [
@@ -108,10 +127,38 @@ def _runner(playbook: str, inventory: Path, extravars: dict, artifacts: Path) ->
             raise SweepError(f"{playbook} failed ({result.status}): {'; '.join(failed)}")
 
 
+def served_hosts(inventory: Path) -> list[str]:
+    """The inventory's hosts outside the load-generator group socketwise_loadgen."""
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        raise SweepError(f"cannot read the inventory {inventory}: {listed.stderr.strip()}")
+    groups = json.loads(listed.stdout)
+    every = set(groups.get("_meta", {}).get("hostvars", {}))
+    every |= {
+        h for group in groups.values() if isinstance(group, dict) for h in group.get("hosts", [])
+    }
+    return sorted(every - set(groups.get(LOADGEN_GROUP, {}).get("hosts", [])))
+
+
 def _bench(
-    inventory: Path, layout: str, steps: list[dict], run_dir: Path, batch: str, seed: int
+    inventory: Path,
+    layout: str,
+    steps: list[dict],
+    run_dir: Path,
+    batch: str,
+    seed: int,
+    tool: str = "vllm",
+    on_event: Callable[[dict], bool] | None = None,
 ) -> dict:
-    """Run `steps` on every host; unpack each into run_dir/hosts/HOST/LAYOUT/BATCH."""
+    """Run `steps` on every host; unpack each into run_dir/hosts/HOST/LAYOUT/BATCH.
+
+    A host's run comes in two archives, the served host's (HOST.tar.gz: idle baseline,
+    per-step power, CPU and /metrics, journal, placement) and the load generator's
+    (HOST.load.tar.gz: per-step benchmark results); both unpack into one directory.
+    """
     with tempfile.TemporaryDirectory(prefix="socketwise-fetch-") as fetched:
         _runner(
             "playbooks/bench.yml",
@@ -121,14 +168,16 @@ def _bench(
                 "benchmark_steps": steps,
                 "benchmark_fetch_dir": fetched,
                 "benchmark_seed": seed,
+                "benchmark_tool": tool,
             },  # fmt: skip
             run_dir / "artifacts",
+            on_event,
         )
         unpacked = {}
         for archive in sorted(Path(fetched).glob("*.tar.gz")):
-            host = archive.name.removesuffix(".tar.gz")
+            host = archive.name.removesuffix(".tar.gz").removesuffix(".load")
             target = run_dir / "hosts" / host / layout / batch
-            if target.exists():
+            if host not in unpacked and target.exists():
                 shutil.rmtree(target)
             with tarfile.open(archive) as tar:
                 tar.extractall(target, filter="data")
@@ -181,13 +230,23 @@ def step_power_rows(host: str, layout: str, results: Path) -> list[dict]:
 class Sweep:
     """One experiment: deploys layouts on demand, runs step batches, keeps the rows."""
 
-    def __init__(self, inventory: Path, run_dir: Path, profile: Profile, planned_steps: int):
-        self.inventory, self.run_dir, self.profile = inventory, run_dir, profile
+    def __init__(
+        self,
+        inventory: Path,
+        run_dir: Path,
+        profile: Profile,
+        planned_steps: int,
+        tool: str = "vllm",
+    ):
+        self.inventory, self.run_dir, self.profile, self.tool = inventory, run_dir, profile, tool
         self.deployed: str | None = None
         self.summary: list[dict] = []
         self.power: list[dict] = []
         self.flat_out: dict[str, float] = {}
-        self.started, self.steps_done, self.steps_planned = time.monotonic(), 0, planned_steps
+        # Progress counts steps on every served host; the ETA moves with each one.
+        self.hosts = max(1, len(served_hosts(inventory)))
+        self.started, self.steps_done = time.monotonic(), 0
+        self.steps_planned = planned_steps * self.hosts
 
     def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
         """Run `steps` on `layout` (deploying it first if needed): {host: {step: bench}}."""
@@ -198,7 +257,10 @@ class Sweep:
             self.deployed = layout
         self._say(f"{layout}: {batch}, {len(steps)} step(s): {[s['name'] for s in steps]}")
         found: dict[str, dict[str, dict]] = {}
-        unpacked = _bench(self.inventory, layout, steps, self.run_dir, batch, self.profile.seed)
+        unpacked = _bench(
+            self.inventory, layout, steps, self.run_dir, batch, self.profile.seed, self.tool,
+            lambda event: self._on_event(layout, event),
+        )  # fmt: skip
         for host, results in unpacked.items():
             self.summary += summary_rows(host, layout, results)
             self.power += step_power_rows(host, layout, results)
@@ -210,8 +272,18 @@ class Sweep:
             if flat:
                 rate = flat["request_throughput"]
                 self.flat_out[layout] = min(self.flat_out.get(layout, rate), rate)
-        self.steps_done += len(steps)
         return found
+
+    def _on_event(self, layout: str, event: dict) -> bool:
+        """ansible-runner's event stream: one line per finished step, with the ETA."""
+        data = event.get("event_data", {})
+        if event.get("event") in STEP_EVENTS and data.get("task") == STEP_TASK:
+            self.steps_done += 1
+            result = data.get("res", {})
+            name = result.get("_ansible_item_label") or result.get("item", {}).get("name")
+            outcome = "failed" if event["event"] == "runner_item_on_failed" else "done"
+            self._say(f"{layout}: {data.get('host')} {name} {outcome}")
+        return True
 
     def _say(self, message: str) -> None:
         done, planned = self.steps_done, max(self.steps_planned, self.steps_done)
@@ -285,12 +357,15 @@ def sweep(
     restore: bool = True,
     mode: str = "fixed",
     rounds: int = 2,
+    tool: str = "vllm",
 ) -> Path:
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown:
         raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}")
     if mode not in ("fixed", "adaptive"):
         raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
+    if tool not in TOOLS:
+        raise SweepError(f"unknown load generator {tool!r}; choose {' or '.join(TOOLS)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest: dict = {
         "schema": 1,
@@ -299,19 +374,21 @@ def sweep(
         "layouts": layouts,
         "mode": mode,
         "profile": asdict(profile),
-        "load_generator": "vllm.benchmarks.serve (random dataset, --ignore-eos)",
+        "load_generator": TOOLS[tool],
         "load_shape": {
             "concurrency": "closed loop: that many requests in flight",
             "rate": "open loop: Poisson arrivals at that many requests per second",
         },
-        "measured_boundary": "HTTP client on the served host (reserved cores when the plan "
-        "has any) to the planned endpoint: tokenisation, queueing, prefill and decode",
+        "measured_boundary": "HTTP client on the load generator (a host of the group "
+        f"{LOADGEN_GROUP}, or else the served host on its reserved cores when the plan has "
+        "any) to the planned endpoint: network, tokenisation, queueing, prefill and decode; "
+        "power and CPU are the served host's",
         "warm_up": "deploy.yml's readiness completion, and a flat-out run before the "
         "measured steps (calibration or bracket)",
         "hosts": {},
     }
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
-    experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts))
+    experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts), tool)
     if mode == "fixed":
         run_fixed(experiment, layouts)
         manifest["calibration"] = {
@@ -376,6 +453,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--mode", default="fixed", help="fixed (calibrated grid) or adaptive (bracket+bisect)"
     )
     parser.add_argument("--rounds", type=int, default=2, help="bisection rounds (adaptive)")
+    parser.add_argument(
+        "--tool", default="vllm", help=f"load generator: {' or '.join(TOOLS)} (default vllm)"
+    )
     parser.set_defaults(func=_run)
 
 
@@ -392,7 +472,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         sweep(
             args.inventory, args.layouts.split(","), run_dir, profile,
-            not args.no_restore, args.mode, args.rounds,
+            not args.no_restore, args.mode, args.rounds, args.tool,
         )  # fmt: skip
     except SweepError as exc:
         print(f"socketwise sweep: error: {exc}", file=sys.stderr)

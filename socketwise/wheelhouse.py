@@ -32,9 +32,21 @@ bookworm). The marker records the interpreter tag so a role can check it.
 The host needs ``python3-venv`` (Debian) for ``python3 -m venv``; the wheelhouse
 holds no pip wheel, so the venv's bundled pip does the install.
 
+A load generator's wheelhouse is built on top of the vLLM one (``base``): GuideLLM
+needs torch too, and must get the same CPU torch, never a second (CUDA) one from PyPI.
+``build(dest, "guidellm==0.8.1", base=VLLM_WHEELHOUSE)`` resolves GuideLLM with the
+base's torch pinned and the base as a find-links directory, and keeps in DEST only the
+wheels the base does not already hold byte for byte; ``requirements.txt`` still pins the
+whole set by hash. GuideLLM goes into a venv of its own: its pins (``click~=8.4``)
+differ from vLLM's resolved set, and neither may move the other's. The host installs
+with both directories::
+
+    pip install --no-index --find-links GUIDELLM_WH --find-links VLLM_WH \\
+        --no-deps --require-hashes -r GUIDELLM_WH/requirements.txt
+
 Idempotent: a wheelhouse whose marker ``socketwise-wheelhouse.json`` names the same
-spec and exclusions and whose listed files are all present with their recorded sizes
-is left alone.
+spec, base and exclusions and whose listed files are all present with their recorded
+sizes (in DEST, or in the base for shared wheels) is left alone.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -59,7 +72,7 @@ EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
 # include CPU backend. Disabling Triton."). It is 273 MB of the 857 MB, but kept
 # by default: pass excluded=EXCLUDED + SLIM_EXTRA (CLI: --slim) to drop it.
 SLIM_EXTRA = ("triton",)
-MARKER_VERSION = 1
+MARKER_VERSION = 2
 
 _OWN_FILES = {MARKER, REQUIREMENTS}
 
@@ -84,35 +97,40 @@ def read_marker(dest: Path) -> dict | None:
 
 
 def is_complete(
-    dest: Path, vllm_spec: str = DEFAULT_SPEC, excluded: tuple[str, ...] = EXCLUDED
+    dest: Path,
+    spec: str = DEFAULT_SPEC,
+    excluded: tuple[str, ...] = EXCLUDED,
+    base: Path | None = None,
 ) -> bool:
-    """True when DEST holds a finished wheelhouse for VLLM_SPEC (sizes checked, not hashes)."""
+    """True when DEST holds a finished wheelhouse for SPEC (sizes checked, not hashes)."""
     dest = Path(dest)
     marker = read_marker(dest)
     if not marker or marker.get("version") != MARKER_VERSION:
         return False
-    if marker.get("vllm_spec") != vllm_spec or marker.get("excluded") != list(excluded):
+    if marker.get("spec") != spec or marker.get("excluded") != list(excluded):
+        return False
+    if marker.get("base") != (str(Path(base).resolve()) if base else None):
         return False
     if not (dest / REQUIREMENTS).is_file():
         return False
     for name, info in marker.get("wheels", {}).items():
-        path = dest / name
+        path = (Path(base) if info.get("shared") else dest) / name
         if not path.is_file() or path.stat().st_size != info.get("size"):
             return False
     return bool(marker.get("wheels"))
 
 
-def install_argv(wheelhouse: Path, venv_python: str | Path) -> list[str]:
+def install_argv(wheelhouse: Path, venv_python: str | Path, base: Path | None = None) -> list[str]:
     """The host-side install command, as an argv list."""
     wheelhouse = Path(wheelhouse)
+    links = ["--find-links", str(wheelhouse)] + (["--find-links", str(base)] if base else [])
     return [
         str(venv_python),
         "-m",
         "pip",
         "install",
         "--no-index",
-        "--find-links",
-        str(wheelhouse),
+        *links,
         "--no-deps",
         "--require-hashes",
         "-r",
@@ -153,20 +171,35 @@ def _check_replaceable(dest: Path) -> None:
 
 def build(
     dest: Path,
-    vllm_spec: str = DEFAULT_SPEC,
+    spec: str = DEFAULT_SPEC,
     *,
     python: str | None = None,
     find_links: list[str] | tuple[str, ...] = (),
     excluded: tuple[str, ...] = EXCLUDED,
+    base: Path | None = None,
 ) -> Path:
-    """Download VLLM_SPEC and all its wheels into DEST (minus EXCLUDED); return DEST.
+    """Download SPEC and all its wheels into DEST (minus EXCLUDED); return DEST.
 
+    With `base` (a finished wheelhouse), SPEC is resolved against the base's torch and
+    wheels the base already holds stay there (see the module's docstring).
     Resolves in a staging directory beside DEST and swaps it in only when it is
     complete, so an interrupted build never looks finished.
     """
     dest = Path(dest).resolve()
-    if is_complete(dest, vllm_spec, excluded):
+    base = Path(base).resolve() if base else None
+    if is_complete(dest, spec, excluded, base):
         return dest
+    base_wheels: dict[str, dict] = {}
+    pinned: list[str] = []
+    if base is not None:
+        base_marker = read_marker(base)
+        if not base_marker or not is_complete(
+            base, base_marker["spec"], tuple(base_marker["excluded"])
+        ):
+            raise RuntimeError(f"{base} is not a finished wheelhouse; build it first")
+        base_wheels = base_marker["wheels"]
+        pinned = [f"torch=={base_marker['torch']}"]
+        find_links = [*find_links, str(base)]
     _check_replaceable(dest)
     python = python or sys.executable
     staging = dest.parent / f".{dest.name}.partial"
@@ -186,7 +219,7 @@ def build(
     ]
     for link in find_links:
         cmd += ["--find-links", str(link)]
-    cmd.append(vllm_spec)
+    cmd += [spec, *pinned]
     started = time.monotonic()
     subprocess.run(cmd, check=True)
     elapsed = time.monotonic() - started
@@ -206,6 +239,9 @@ def build(
         sha = sha256(path)
         wheels[path.name] = {"size": path.stat().st_size, "sha256": sha}
         pins.append((name, version, sha))
+        if base_wheels.get(path.name, {}).get("sha256") == sha:
+            wheels[path.name]["shared"] = True
+            path.unlink()
 
     torch = [v for n, v, _ in pins if n == "torch"]
     if not torch or "+cpu" not in torch[0]:
@@ -215,24 +251,36 @@ def build(
         )
 
     lines = [
-        f"# socketwise wheelhouse for {vllm_spec}; install with --no-index --no-deps",
+        f"# socketwise wheelhouse for {spec}; install with --no-index --no-deps"
+        + (f" and --find-links {base}" if base else ""),
         f"# excluded on purpose: {', '.join(excluded)}",
     ]
     lines += [f"{n}=={v} --hash=sha256:{s}" for n, v, s in sorted(pins)]
     (staging / REQUIREMENTS).write_text("\n".join(lines) + "\n")
     marker = {
         "version": MARKER_VERSION,
-        "vllm_spec": vllm_spec,
+        "spec": spec,
+        "base": str(base) if base else None,
         "python": _python_tag(python),
         "torch": torch[0],
         "excluded": list(excluded),
         "dropped": dropped,
         "wheels": wheels,
-        "total_bytes": sum(w["size"] for w in wheels.values()),
+        "total_bytes": sum(w["size"] for w in wheels.values() if not w.get("shared")),
         "download_seconds": round(elapsed, 1),
-        "install": " ".join(install_argv(dest, "VENV/bin/python")),
+        "install": " ".join(install_argv(dest, "VENV/bin/python", base)),
     }
     return publish(staging, dest, MARKER, marker)
+
+
+def pack(dest: Path, archive: Path) -> Path:
+    """An uncompressed tar of DEST (wheels do not compress) holding DEST's own name;
+    written beside ARCHIVE and renamed, so a half-written archive is never found."""
+    partial = archive.with_name(f".{archive.name}.partial")
+    with tarfile.open(partial, "w") as tar:
+        tar.add(dest, arcname=dest.name)
+    partial.replace(archive)
+    return archive
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("dest", type=Path)
     parser.add_argument("--spec", default=DEFAULT_SPEC, help=f"default {DEFAULT_SPEC}")
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        help="also pack DEST into this tar (hosts unpack it), anew whenever DEST was built",
+    )
+    parser.add_argument(
+        "--base",
+        type=Path,
+        help="a finished vLLM wheelhouse: resolve SPEC against its CPU torch, share its wheels",
+    )
     parser.add_argument("--python", default=None, help="interpreter whose tags to resolve for")
     parser.add_argument(
         "--find-links",
@@ -256,13 +314,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     excluded = EXCLUDED + SLIM_EXTRA if args.slim else EXCLUDED
+    base = args.base.resolve() if args.base else None
+    already = is_complete(args.dest, args.spec, excluded, base)
     dest = build(
-        args.dest, args.spec, python=args.python, find_links=args.find_links, excluded=excluded
+        args.dest,
+        args.spec,
+        python=args.python,
+        find_links=args.find_links,
+        excluded=excluded,
+        base=base,
     )
+    if args.archive and (not already or not args.archive.exists()):
+        pack(dest, args.archive)
     marker = read_marker(dest) or {}
     print(
-        f"{dest}: {len(marker.get('wheels', {}))} wheels, "
-        f"{marker.get('total_bytes', 0) / 2**20:.0f} MiB, torch {marker.get('torch')}"
+        f"{dest}: {'up to date' if already else 'built'}, {len(marker.get('wheels', {}))} "
+        f"wheels, {marker.get('total_bytes', 0) / 2**20:.0f} MiB, torch {marker.get('torch')}"
     )
     return 0
 

@@ -11,12 +11,12 @@ from socketwise import lab
 
 
 @contextlib.contextmanager
-def fresh_lab(machines: int = 1) -> Iterator[list[lab.Machine]]:
+def fresh_lab(machines: int = 1, loadgen: int = 0) -> Iterator[list[lab.Machine]]:
     """Machines copied anew from the rootfs (nothing left from an earlier test)."""
     if any(m.running for m in lab.status()):
         pytest.fail("a lab is already running: `socketwise lab down` first")
     lab.down(purge=True)
     try:
-        yield lab.up(machines=machines)
+        yield lab.up(machines=machines, loadgen=loadgen)
     finally:
         lab.down(purge=True)

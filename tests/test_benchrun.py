@@ -1,0 +1,180 @@
+"""socketwise/benchrun.py without a server: how each load generator is driven, how
+GuideLLM's result becomes the row a report reads, and how the served host's monitor
+cuts its timeline into steps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from socketwise import benchrun, lab, sweep
+from tests.test_power import burn, two_sockets
+
+FIXTURES = Path(__file__).parent / "fixtures" / "guidellm"
+BENCHRUN_PY = Path(benchrun.__file__)
+SPEC = {
+    "tool": "guidellm",
+    "python": "/opt/socketwise/guidellm/bin/python",
+    "base_url": "http://127.0.0.11:8000/v1",
+    "model": "tiny-llama",
+    "tokenizer": "/opt/socketwise/tokenizers/tiny-llama",
+    "seed": 7,
+}
+
+
+def option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize(
+    ("load", "profile"),
+    [
+        ({"concurrency": 4}, "kind=concurrent,streams=4"),
+        ({"rate": 2.5}, "kind=constant,rate=2.5"),
+        ({"rate": "inf"}, "kind=throughput,max_concurrency=20"),
+    ],
+)
+def test_guidellm_gets_the_step_s_load_shape(tmp_path, load, profile):
+    step = {"name": "s", "num_prompts": 20, "input_len": 256, "output_len": 128, **load}
+    args = benchrun.guidellm_args(SPEC, step, tmp_path)
+    assert args[:4] == [SPEC["python"], "-m", "guidellm", "run"]
+    assert option(args, "--profile") == profile
+    assert option(args, "--constraint") == "kind=max_requests,count=20"
+    assert option(args, "--data") == "kind=synthetic_text,prompt_tokens=256,output_tokens=128"
+    # The completions endpoint, so prompts are exactly input_len tokens (no chat template).
+    assert option(args, "--backend") == (
+        "kind=openai_http,target=http://127.0.0.11:8000,model=tiny-llama,"
+        "request_format=/v1/completions"
+    )
+    assert option(args, "--tokenizer") == "kind=hf_auto,model=/opt/socketwise/tokenizers/tiny-llama"
+    assert option(args, "--seed") == "kind=static,value=7"
+    assert option(args, "--output") == f"kind=json,path={tmp_path / 'guidellm.json'}"
+
+
+def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):
+    step_dir = tmp_path / "c2"
+    step_dir.mkdir()
+    shutil.copy(FIXTURES / "concurrent-2.json", step_dir / "guidellm.json")
+    assert benchrun.guidellm_result(step_dir) is None
+    record = {"name": "c2", "concurrency": 2, "started": 1.0}
+    (step_dir / "step.json").write_text(json.dumps(record))
+    (row,) = sweep.summary_rows("lab1", "sn", tmp_path)
+    assert row == {
+        "host": "lab1", "layout": "sn", "rate": None, "concurrency": 2,
+        "output_tok_s": 359.609, "ttft_p50_ms": 24.87, "ttft_p99_ms": 140.58,
+        "itl_p50_ms": 4.2, "itl_p99_ms": 7.52, "completed": 16, "failed": 0,
+    }  # fmt: skip
+    # The measured load's own window, not the tool's start-up, is what power is cut to.
+    bench = json.loads((step_dir / "bench.json").read_text())
+    assert benchrun.load_window(step_dir) == [bench["benchmark_started"], bench["benchmark_ended"]]
+    assert bench["benchmark_ended"] - bench["benchmark_started"] == pytest.approx(1.424, abs=0.01)
+
+
+def test_a_guidellm_burst_is_refused_not_reported(tmp_path):
+    shutil.copy(FIXTURES / "poisson-burst.json", tmp_path / "guidellm.json")
+    assert benchrun.guidellm_result(tmp_path) == (
+        "16 request(s) scheduled before the benchmark began (burst)"
+    )
+    assert not (tmp_path / "bench.json").exists()
+
+
+def test_vllm_s_window_ends_when_its_result_was_saved(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps({"duration": 30.0}))
+    saved = (tmp_path / "bench.json").stat().st_mtime
+    assert benchrun.load_window(tmp_path) == [saved - 30.0, saved]
+
+
+def monitor_with_timeline(tmp_path: Path) -> benchrun.Monitor:
+    """A monitor over a fixture powercap whose samples say: 10 s idle at 50 W and 10 %
+    CPU, 10 s of load at 150 W and 80 % CPU with 3 requests running, 10 s idle."""
+    cap = two_sockets(tmp_path / "root")
+    monitor = benchrun.Monitor({"out": str(tmp_path / "out"), "root": str(tmp_path / "root")})
+    monitor.power.missing["ipmi"] = "not installed"
+    idle = burn(cap, {"intel-rapl:0": 30.0, "intel-rapl:1": 20.0})
+    busy = burn(cap, {"intel-rapl:0": 90.0, "intel-rapl:1": 60.0})
+    jiffies = [0, 0]
+    for second in range(31):
+        if second:
+            loaded = 10 < second <= 20
+            (busy if loaded else idle)(1.0)
+            jiffies = [jiffies[0] + (80 if loaded else 10), jiffies[1] + 100]
+        monitor.samples.append(
+            {
+                "t": 1000.0 + second,
+                "rapl": benchrun.power.read_counters(monitor.power.domains),
+                "ipmi": None,
+                "cpu": list(jiffies),
+                "metrics": {"vllm:num_requests_running": 3.0 if 10 < second <= 20 else 0.0},
+            }
+        )
+    return monitor
+
+
+def test_the_monitor_gives_each_step_the_served_host_s_power_and_cpu(tmp_path):
+    monitor = monitor_with_timeline(tmp_path)
+    out = Path(monitor.spec["out"])
+    out.mkdir()
+    records = [
+        {"name": "r1", "rate": 1.0, "started": 1008.0, "ended": 1022.5, "window": [1010, 1020]},
+        {"name": "c1", "concurrency": 1, "started": 1000.0, "ended": 1010.0},
+    ]
+    (out / "steps.json").write_text(json.dumps(records))
+    monitor.split()
+    loaded = json.loads((out / "r1" / "step.json").read_text())
+    # Package 1's counter wraps in the first second; the window still reads 150 W.
+    assert loaded["power"]["sources"]["rapl"]["watts"] == 150.0
+    assert loaded["cpu_utilisation"] == pytest.approx(0.8)
+    assert loaded["power"]["sources"]["ipmi"] == {"missing": "not installed"}
+    idle = json.loads((out / "c1" / "step.json").read_text())
+    assert idle["power"]["sources"]["rapl"]["watts"] == 50.0
+    assert idle["cpu_utilisation"] == pytest.approx(0.1)
+    metrics = [json.loads(line) for line in (out / "r1" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["t"] for m in metrics] == [1000.0 + s for s in range(10, 21)]
+    assert {m["vllm:num_requests_running"] for m in metrics[1:]} == {3.0}
+
+
+def test_the_monitor_runs_with_the_standard_library_and_stops_on_sigterm(tmp_path):
+    two_sockets(tmp_path / "root")
+    out = tmp_path / "out"
+    spec = {"out": str(out), "root": str(tmp_path / "root"), "idle_seconds": 1,
+            "sample_seconds": 0.2, "metrics_urls": []}  # fmt: skip
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    # -S: no site-packages (so no socketwise package), as on a target host; power.py is
+    # found beside the script, as the role ships it.
+    process = subprocess.Popen(
+        [sys.executable, "-S", str(BENCHRUN_PY), "monitor", str(tmp_path / "spec.json")],
+        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (out / "idle.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    idle = json.loads((out / "idle.json").read_text())
+    assert idle["seconds"] == 1 and "rapl" in idle["power"]["sources"]
+    now = time.time()
+    (out / "steps.json").write_text(
+        json.dumps([{"name": "c1", "started": now - 0.5, "ended": now}])
+    )
+    time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert json.loads((out / "c1" / "step.json").read_text())["power"]["seconds"] == 0.5
+    assert (out / "placement.txt").exists() and (out / "journal.txt").exists()
+    assert len((out / "monitor.jsonl").read_text().splitlines()) >= 5
+
+
+def test_the_lab_inventory_puts_load_generators_in_their_group(tmp_path):
+    machines = [
+        lab.Machine(f"lab{i}", f"127.0.0.{10 + i}", tmp_path / f"lab{i}", tmp_path / "log")
+        for i in (1, 2, 3)
+    ]
+    inventory = lab.write_inventory(machines, tmp_path, loadgen=1)
+    # deploy.yml and the sweep serve on the others only.
+    assert sweep.served_hosts(inventory) == ["lab1", "lab2"]
+    assert sweep.served_hosts(lab.write_inventory(machines, tmp_path)) == ["lab1", "lab2", "lab3"]
