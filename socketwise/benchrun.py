@@ -5,7 +5,7 @@ Shipped by the `benchmark` role and run on hosts in two roles that may be one ma
     python3 benchrun.py step SPEC.json NAME      # on the load generator, once per step
 
 runs one step with the chosen load generator (`tool`): vLLM's own serving benchmark
-(`vllm.benchmarks.serve`) or GuideLLM (`guidellm benchmark run`), each from its venv
+(`vllm.benchmarks.serve`) or GuideLLM (`guidellm run`), each from its venv
 (`python`). It writes OUT/NAME/bench.json (the result in vLLM's field names, whichever
 tool ran; GuideLLM's own report is kept as OUT/NAME/guidellm.json) and OUT/NAME/bench.log,
 and prints the step's record: {...step, "tool", "started", "ended", "returncode",
@@ -30,8 +30,9 @@ SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "python": TOOL_VENV_PYTHON,
        "sample_seconds": 2,
        "steps": [{"name": "c1", "concurrency": 1, "num_prompts": 8,
                   "input_len": 256, "output_len": 128}, {"name": "r2", "rate": 2.0, ...}]}
-A step has either `rate` (open loop, Poisson arrivals, req/s; "inf" for as fast as
-possible) or `concurrency` (closed loop).
+A step has either `rate` (open loop, req/s: Poisson arrivals with vLLM's benchmark,
+evenly spaced ones with GuideLLM's; "inf" for all at once) or `concurrency` (closed
+loop).
 
     python3 benchrun.py --bandwidth OUT.json NODE:THREADS ...
 

@@ -35,7 +35,8 @@ STEP_EVENTS = ("runner_item_on_ok", "runner_item_on_failed")
 # The load generators `--tool` selects, as the manifest discloses them.
 TOOLS = {
     "vllm": "vllm.benchmarks.serve (random dataset, --ignore-eos)",
-    "guidellm": "guidellm benchmark run (synthetic data of fixed prompt and output tokens)",
+    "guidellm": "guidellm run 0.8.1 (synthetic data, /v1/completions, ignore_eos; "
+    "open loop at evenly spaced arrivals)",
 }
 # Hosts of this inventory group generate load for the others and serve nothing.
 LOADGEN_GROUP = "socketwise_loadgen"
@@ -377,7 +378,8 @@ def sweep(
         "load_generator": TOOLS[tool],
         "load_shape": {
             "concurrency": "closed loop: that many requests in flight",
-            "rate": "open loop: Poisson arrivals at that many requests per second",
+            "rate": f"open loop: {'Poisson' if tool == 'vllm' else 'evenly spaced'} arrivals "
+            "at that many requests per second",
         },
         "measured_boundary": "HTTP client on the load generator (a host of the group "
         f"{LOADGEN_GROUP}, or else the served host on its reserved cores when the plan has "
