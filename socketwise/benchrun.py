@@ -307,10 +307,14 @@ class Monitor:
             start, end = record.get("window") or (record["started"], record["ended"])
             measured = {**record, **self.window(start, end)}
             (step_dir / "step.json").write_text(json.dumps(measured, indent=2) + "\n")
+            scraped = [sample for sample in self.samples if "metrics" in sample]
+            inside = [sample for sample in scraped if start <= sample["t"] <= end]
+            if not inside and scraped:
+                # A step shorter than the interval gets the sample nearest its middle.
+                inside = [min(scraped, key=lambda sample: abs(sample["t"] - (start + end) / 2))]
             with (step_dir / "metrics.jsonl").open("w") as out:
-                for sample in self.samples:
-                    if start <= sample["t"] <= end and "metrics" in sample:
-                        out.write(json.dumps({"t": sample["t"], **sample["metrics"]}) + "\n")
+                for sample in inside:
+                    out.write(json.dumps({"t": sample["t"], **sample["metrics"]}) + "\n")
 
 
 def surroundings(out: Path, since: float) -> None:

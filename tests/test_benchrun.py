@@ -138,6 +138,12 @@ def test_the_monitor_gives_each_step_the_served_host_s_power_and_cpu(tmp_path):
     metrics = [json.loads(line) for line in (out / "r1" / "metrics.jsonl").read_text().splitlines()]
     assert [m["t"] for m in metrics] == [1000.0 + s for s in range(10, 21)]
     assert {m["vllm:num_requests_running"] for m in metrics[1:]} == {3.0}
+    # A step shorter than the sampling interval still gets the nearest sample.
+    (out / "steps.json").write_text(json.dumps([{"name": "s", "window": [1014.2, 1014.6],
+                                                 "started": 1014.0, "ended": 1015.0}]))  # fmt: skip
+    monitor.split()
+    (short,) = (out / "s" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(short) == {"t": 1014.0, "vllm:num_requests_running": 3.0}
 
 
 def test_the_monitor_runs_with_the_standard_library_and_stops_on_sigterm(tmp_path):
