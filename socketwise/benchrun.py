@@ -24,7 +24,7 @@ OUT/NAME/metrics.jsonl, then OUT/journal.txt (the servers' journal since the run
 began) and OUT/placement.txt (numastat and the threads' CPUs of every server). The
 two hosts' clocks must agree (NTP) when they are two machines.
 
-SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "python": TOOL_VENV_PYTHON,
+SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "loadgen": HOST, "python": TOOL_VENV_PYTHON,
        "base_url": URL the load generator uses, "metrics_urls": [URL/metrics, ...],
        "model": NAME, "tokenizer": DIR, "seed": 0, "idle_seconds": 5,
        "sample_seconds": 2,

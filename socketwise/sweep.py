@@ -427,6 +427,11 @@ def _collect_hosts(run_dir: Path, manifest: dict) -> None:
             }
         )
         entry.setdefault("layouts", {})[summary_file.parent.parent.name] = deployed["plan"]
+    for spec_file in sorted((run_dir / "hosts").glob("*/*/*/spec.json")):
+        spec = json.loads(spec_file.read_text())
+        entry = manifest["hosts"].setdefault(spec_file.parents[2].name, {})
+        entry["load_generator_host"] = spec.get("loadgen")
+        entry["load_generator_tool"] = spec.get("tool")
     for bandwidth_file in sorted((run_dir / "hosts").glob("*/*/*/bandwidth.json")):
         node_gbps = json.loads(bandwidth_file.read_text())
         entry = manifest["hosts"].setdefault(bandwidth_file.parents[2].name, {})

@@ -18,6 +18,7 @@ import pytest
 from socketwise import lab
 
 from .labs import fresh_lab
+from .playbooks import run_playbook
 from .test_deploy_lab import on_host
 from .test_report import assert_renders
 
@@ -63,6 +64,7 @@ def test_guidellm_measured_every_step_of_both_layouts(sweep_run):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["load_generator"].startswith("guidellm")
     assert "socketwise_loadgen" in manifest["measured_boundary"]
+    assert manifest["hosts"]["lab1"]["load_generator_host"] == "lab2"
 
 
 def test_the_load_came_from_the_load_generator(sweep_run):
@@ -98,3 +100,15 @@ def test_the_report_of_the_run_renders(sweep_run, tmp_path):
     run_dir, stdout, _ = sweep_run
     assert f"wrote {run_dir / 'report.html'}" in stdout
     assert_renders(run_dir / "report.html", tmp_path, min_images=4)
+
+
+def test_a_load_generator_outside_the_group_is_refused_before_any_load(sweep_run):
+    _, _, (served, _) = sweep_run
+    before = on_host(served, "stat -c %Y /var/lib/socketwise/bench/spec.json")
+    run = run_playbook("playbooks/bench.yml", "-e", "benchmark_loadgen=lab9")
+    assert run.returncode != 0
+    assert "lab1: benchmark_loadgen=lab9 is not a host of the group socketwise_loadgen" in " ".join(
+        run.stdout.split()
+    )
+    # The last run's results on the served host are untouched.
+    assert on_host(served, "stat -c %Y /var/lib/socketwise/bench/spec.json") == before
