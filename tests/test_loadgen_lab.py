@@ -106,9 +106,9 @@ def test_a_load_generator_outside_the_group_is_refused_before_any_load(sweep_run
     _, _, (served, _) = sweep_run
     before = on_host(served, "stat -c %Y /var/lib/socketwise/bench/spec.json")
     run = run_playbook("playbooks/bench.yml", "-e", "benchmark_loadgen=lab9")
-    assert run.returncode != 0
+    assert run.returncode != 0 and run.recap("lab1")["failed"] == 1
     assert "lab1: benchmark_loadgen=lab9 is not a host of the group socketwise_loadgen" in " ".join(
-        run.stdout.split()
+        run.output.split()
     )
     # The last run's results on the served host are untouched.
     assert on_host(served, "stat -c %Y /var/lib/socketwise/bench/spec.json") == before
