@@ -268,9 +268,8 @@ class Monitor:
 
     def window(self, start: float, end: float) -> dict:
         """CPU utilisation and mean power per source over [start, end]."""
-        before = [s for s in self.samples if s["t"] <= start] or self.samples[:1]
-        after = [s for s in self.samples if s["t"] >= end] or self.samples[-1:]
-        (busy0, total0), (busy1, total1) = before[-1]["cpu"], after[0]["cpu"]
+        span = power.spanning(self.samples, start, end)
+        (busy0, total0), (busy1, total1) = span[0]["cpu"], span[-1]["cpu"]
         return {
             "cpu_utilisation": (busy1 - busy0) / max(1, total1 - total0),
             "power": power.window(self.power.missing, self.power.ranges, self.samples, start, end),
@@ -308,12 +307,9 @@ class Monitor:
             measured = {**record, **self.window(start, end)}
             (step_dir / "step.json").write_text(json.dumps(measured, indent=2) + "\n")
             scraped = [sample for sample in self.samples if "metrics" in sample]
-            inside = [sample for sample in scraped if start <= sample["t"] <= end]
-            if not inside and scraped:
-                # A step shorter than the interval gets the sample nearest its middle.
-                inside = [min(scraped, key=lambda sample: abs(sample["t"] - (start + end) / 2))]
             with (step_dir / "metrics.jsonl").open("w") as out:
-                for sample in inside:
+                # A step shorter than the interval gets the sample nearest its middle.
+                for sample in power.within(scraped, start, end):
                     out.write(json.dumps({"t": sample["t"], **sample["metrics"]}) + "\n")
 
 

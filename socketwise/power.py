@@ -196,6 +196,23 @@ class Sources:
         return sample
 
 
+def spanning(samples: list[dict], start: float, end: float) -> list[dict]:
+    """The timestamped samples from the last at or before `start` to the first at or
+    after `end`: a window widened to the sampling grid, never narrowed."""
+    before = [i for i, sample in enumerate(samples) if sample["t"] <= start]
+    after = [i for i, sample in enumerate(samples) if sample["t"] >= end]
+    return samples[before[-1] if before else 0 : (after[0] if after else len(samples) - 1) + 1]
+
+
+def within(samples: list[dict], start: float, end: float) -> list[dict]:
+    """The timestamped samples taken inside [start, end], or the one nearest its middle
+    when the window is shorter than the sampling interval (none for no samples)."""
+    inside = [sample for sample in samples if start <= sample["t"] <= end]
+    if not inside and samples:
+        inside = [min(samples, key=lambda sample: abs(sample["t"] - (start + end) / 2))]
+    return inside
+
+
 def window(
     sources_missing: dict[str, str],
     ranges: dict[str, int],
@@ -205,35 +222,25 @@ def window(
 ) -> dict:
     """Mean watts per source over [start, end] from timestamped samples.
 
-    RAPL: the energy between the last counter reading at or before `start` and the
-    first at or after `end` (so the window is widened to the sampling grid, never
-    narrowed), corrected for wraps between consecutive readings. IPMI: the mean of the
-    readings taken inside the window, or the nearest one when the window is shorter
-    than the poll interval.
+    RAPL: the energy over `spanning` readings, corrected for wraps between consecutive
+    readings. IPMI: the mean of the readings `within` the window.
     """
     sources: dict[str, dict] = {}
-    counted = [s for s in samples if s.get("rapl") is not None]
     if "rapl" in sources_missing:
         sources["rapl"] = {"missing": sources_missing["rapl"]}
     else:
-        before = [i for i, s in enumerate(counted) if s["t"] <= start]
-        after = [i for i, s in enumerate(counted) if s["t"] >= end]
-        first = before[-1] if before else 0
-        last = after[0] if after else len(counted) - 1
-        inside = [s["rapl"] for s in counted[first : last + 1]]
-        elapsed = counted[last]["t"] - counted[first]["t"] if counted else 0.0
+        span = spanning([s for s in samples if s.get("rapl") is not None], start, end)
+        elapsed = span[-1]["t"] - span[0]["t"] if span else 0.0
         try:
-            sources["rapl"] = rapl_watts(inside, elapsed, ranges)
+            sources["rapl"] = rapl_watts([s["rapl"] for s in span], elapsed, ranges)
         except Missing as exc:
             sources["rapl"] = {"missing": str(exc)}
-    readings = [s for s in samples if s.get("ipmi") is not None]
     if "ipmi" in sources_missing:
         sources["ipmi"] = {"missing": sources_missing["ipmi"]}
     else:
-        inside = [s["ipmi"] for s in readings if start <= s["t"] <= end]
-        if not inside and readings:
-            middle = (start + end) / 2
-            inside = [min(readings, key=lambda s: abs(s["t"] - middle))["ipmi"]]
+        inside = [
+            s["ipmi"] for s in within([s for s in samples if s.get("ipmi") is not None], start, end)
+        ]
         if inside:
             sources["ipmi"] = {"watts": round(sum(inside) / len(inside), 2),
                                "samples": len(inside)}  # fmt: skip
