@@ -168,6 +168,11 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _step_load(step: dict) -> str:
+    """A step's load with its unit, as the tables show it."""
+    return f"{_load(step[step['axis']])} {UNITS[step['axis']]}"
+
+
 def _loads(values: Iterable[float]) -> str:
     return ", ".join(_load(v) for v in values)
 
@@ -812,7 +817,7 @@ def _host_blocks(host: str, d: dict, axes: dict[str, Curves], plots: dict, level
                 [
                     [
                         s["layout"],
-                        f"{_load(s[s['axis']])} {UNITS[s['axis']]}",
+                        _step_load(s),
                         s["failed"],
                         s["completed"],
                     ]
@@ -846,7 +851,7 @@ def _host_blocks(host: str, d: dict, axes: dict[str, Curves], plots: dict, level
                 [
                     [
                         s["layout"],
-                        f"{_load(s[s['axis']])} {UNITS[s['axis']]}",
+                        _step_load(s),
                         _num(s["watts"]),
                         _num(s["output_tok_s"]),
                         _num(s["tok_per_w"]),

@@ -206,25 +206,20 @@ def test_powercap_without_packages_is_missing(tmp_path):
         power.rapl_domains(tmp_path)
 
 
+def power_cli(root: Path, ipmitool: str, seconds: float, interval: float) -> list[str]:
+    """power.py's command line with -I -S: no site-packages and no project on the path,
+    as on a target host."""
+    return [
+        sys.executable, "-I", "-S", str(POWER_PY), "--seconds", str(seconds),
+        "--interval", str(interval), "--root", str(root), "--ipmitool", ipmitool,
+    ]  # fmt: skip
+
+
 def test_cli_runs_with_the_standard_library_only_and_prints_json(tmp_path):
     two_sockets(tmp_path)
     tool = fake_ipmitool(tmp_path, DCMI_OUTPUT)
-    # -I -S: no site-packages and no project on the path, as on a target host.
     done = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            str(POWER_PY),
-            "--seconds",
-            "0.3",
-            "--interval",
-            "0.1",
-            "--root",
-            str(tmp_path),
-            "--ipmitool",
-            tool,
-        ],
+        power_cli(tmp_path, tool, seconds=0.3, interval=0.1),
         capture_output=True,
         text=True,
         timeout=60,
@@ -238,20 +233,7 @@ def test_cli_runs_with_the_standard_library_only_and_prints_json(tmp_path):
 def test_cli_stops_early_on_sigterm_with_what_it_measured(tmp_path):
     tool = fake_ipmitool(tmp_path, DCMI_OUTPUT)
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            str(POWER_PY),
-            "--seconds",
-            "600",
-            "--interval",
-            "0.2",
-            "--root",
-            str(tmp_path),
-            "--ipmitool",
-            tool,
-        ],
+        power_cli(tmp_path, tool, seconds=600, interval=0.2),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
