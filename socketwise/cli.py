@@ -1,14 +1,19 @@
-"""The `socketwise` command: a thin door into the package's modules.
+"""The `socketwise` command: a thin door into the stages.
 
-Each subcommand lives in its own module, which exposes `register(subparsers)`;
-that function adds the subparser and sets `func(args) -> int` as its default.
+Each subcommand lives in the module that does its work, which exposes `register(subparsers)`;
+that function adds the subparser and sets `func(args) -> int` as its default. This door is
+the one place that may wire stages together: `sweep` (measure) gets the report writer
+(report) handed in, so no stage imports one downstream of it.
 """
 
 import argparse
-import importlib
 import sys
 
-SUBCOMMAND_MODULES = ("topology", "planner", "lab", "sweep", "report")
+from socketwise.facts import topology
+from socketwise.lab import machines
+from socketwise.measure import sweep
+from socketwise.plan import planner
+from socketwise.report import render
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,8 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Place vLLM on CPU servers by their NUMA topology, deploy it, measure it.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        importlib.import_module(f"socketwise.{name}").register(subparsers)
+    topology.register(subparsers)
+    planner.register(subparsers)
+    machines.register(subparsers)
+    sweep.register(subparsers, write_report=render.write)
+    render.register(subparsers)
     return parser
 
 

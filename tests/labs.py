@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from socketwise import lab
+from socketwise.lab import machines as lab
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from socketwise.topology import format_cpulist
+from socketwise.facts.topology import format_cpulist
 
 GIB_KB = 1024 * 1024
 

@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from socketwise.planner import PlanRequest, plan
-from socketwise.topology import detect
+from socketwise.facts.topology import detect
+from socketwise.plan.planner import PlanRequest, plan
 
 from .machines import build_machine
 from .playbooks import PlaybookRun

@@ -8,17 +8,17 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from socketwise import benchrun, lab, sweep
+from socketwise.lab import machines as lab
+from socketwise.measure import benchrun, sweep
+from tests.shipped import host_python, ship
 from tests.test_power import burn, two_sockets
 
 FIXTURES = Path(__file__).parent / "fixtures" / "guidellm"
-BENCHRUN_PY = Path(benchrun.__file__)
 SPEC = {
     "tool": "guidellm",
     "python": "/opt/socketwise/guidellm/bin/python",
@@ -152,12 +152,12 @@ def test_the_monitor_runs_with_the_standard_library_and_stops_on_sigterm(tmp_pat
     spec = {"out": str(out), "root": str(tmp_path / "root"), "idle_seconds": 1,
             "sample_seconds": 0.2, "metrics_urls": []}  # fmt: skip
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    # -S: no site-packages (so no socketwise package), as on a target host; power.py is
-    # found beside the script, as the role ships it.
-    process = subprocess.Popen(
-        [sys.executable, "-S", str(BENCHRUN_PY), "monitor", str(tmp_path / "spec.json")],
-        stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-    )  # fmt: skip
+    # Only the files the role ships, and no site-packages, as on a target host.
+    shipped = ship("benchmark", "__benchmark_files", tmp_path / "bench")
+    argv, env = host_python(
+        shipped, "socketwise.measure.benchrun", "monitor", str(tmp_path / "spec.json")
+    )
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
     deadline = time.monotonic() + 30
     while not (out / "idle.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import lab, paths
+from socketwise.common import paths
+from socketwise.lab import machines as lab
 
 pytestmark = pytest.mark.lab
 

@@ -1,4 +1,5 @@
-"""The repository passes its own linters: ruff for Python, ansible-lint (production) for YAML."""
+"""The repository passes its own linters: ruff for Python, ansible-lint (production) for YAML,
+import-linter for the import contracts in pyproject.toml."""
 
 import subprocess
 import sys
@@ -16,8 +17,9 @@ BIN = Path(sys.executable).parent
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
         ["ansible-lint", "--offline", "-q"],
+        ["lint-imports"],
     ],
-    ids=["ruff-check", "ruff-format", "ansible-lint"],
+    ids=["ruff-check", "ruff-format", "ansible-lint", "import-contracts"],
 )
 def test_linter_is_clean(command):
     result = subprocess.run(

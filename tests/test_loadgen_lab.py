@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import lab
+from socketwise.lab import machines as lab
 
 from .labs import fresh_lab
 from .playbooks import run_playbook

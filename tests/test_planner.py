@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from socketwise.planner import PlanError, PlanRequest, os_reserve_gb, plan
-from socketwise.topology import detect
+from socketwise.facts.topology import detect
+from socketwise.plan.planner import PlanError, PlanRequest, os_reserve_gb, plan
 
 from .machines import MACHINES, build_machine
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import power, report, rundir
+from socketwise.measure import power, rundir
+from socketwise.report import analysis
 
 POWER_PY = Path(power.__file__)
 # What intel_rapl exposes on a Broadwell/Skylake server (max_energy_range_uj is per domain).
@@ -261,7 +262,7 @@ def test_power_rows_feed_the_report(tmp_path):
         rundir.SUMMARY_COLUMNS,
         [{"host": "box", "layout": "sn", "concurrency": 1, "output_tok_s": 5.0}],
     )
-    energy = report.analyse(tmp_path)["energy"]
+    energy = analysis.analyse(tmp_path)["energy"]
     assert energy["source"] == "ipmi"
     assert energy["steps"][0]["tok_per_w_above_idle"] == pytest.approx(0.1)
     # RAPL had no idle reading: tok/W, but no tok/W above idle.

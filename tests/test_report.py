@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import report, rundir
+from socketwise.measure import rundir
+from socketwise.report import analysis, render
 
 FIXTURE = Path(__file__).parent / "fixtures" / "r730-sweep"
 RATES = (1, 2, 4, 6, 8)
@@ -72,7 +73,7 @@ def sweep(run: Path, curves: dict[str, list[float]], rates=RATES, **extra) -> Pa
 
 
 def test_r730_crossover_lies_between_4_and_6_req_s(r730):
-    decisions = report.analyse(r730)
+    decisions = analysis.analyse(r730)
     assert decisions["host"] == "r730"
     assert decisions["crossover_between"] == [4, 6]
     assert 4 < decisions["crossover_rate"] < 6
@@ -81,7 +82,7 @@ def test_r730_crossover_lies_between_4_and_6_req_s(r730):
 
 
 def test_r730_recommends_sn_below_the_crossover_dp_above_and_never_tp(r730):
-    decisions = report.analyse(r730)
+    decisions = analysis.analyse(r730)
     rec = decisions["recommendation"]
     assert [r["layout"] for r in rec] == ["sn", "dp"]
     assert rec[0]["max_rate"] == decisions["crossover_rate"]
@@ -96,7 +97,7 @@ def test_r730_recommends_sn_below_the_crossover_dp_above_and_never_tp(r730):
 
 
 def test_r730_saturation_of_sn_at_4_req_s_and_dp_not_confirmed(r730):
-    saturation = report.analyse(r730)["saturation"]
+    saturation = analysis.analyse(r730)["saturation"]
     assert saturation["sn"]["axis"] == "rate"
     assert saturation["sn"]["rate"] == 4
     assert saturation["sn"]["status"] == "confirmed"
@@ -110,14 +111,14 @@ def test_r730_saturation_of_sn_at_4_req_s_and_dp_not_confirmed(r730):
 
 
 def test_r730_reaches_89_percent_of_the_bandwidth_limit_at_concurrency_1(r730):
-    bandwidth = report.analyse(r730)["bandwidth"]
+    bandwidth = analysis.analyse(r730)["bandwidth"]
     assert bandwidth["limit_tok_s"] == pytest.approx(34e9 / 7.7e9, rel=1e-3)
     assert bandwidth["layouts"]["sn"]["basis"] == "concurrency 1"
     assert bandwidth["layouts"]["sn"]["fraction"] == pytest.approx(0.89, abs=0.01)
 
 
 def test_r730_tokens_per_watt_above_idle_match_the_field_notes(r730):
-    energy = report.analyse(r730)["energy"]
+    energy = analysis.analyse(r730)["energy"]
     assert energy["source"] == "ipmi"
     assert energy["idle_watts"] == 147
     medium = {s["layout"]: s for s in energy["steps"] if s.get("concurrency") == 4}
@@ -128,7 +129,7 @@ def test_r730_tokens_per_watt_above_idle_match_the_field_notes(r730):
 
 
 def test_r730_report_names_every_decision(r730):
-    markdown, page = report.write(r730)
+    markdown, page = render.write(r730)
     text = markdown.read_text()
     assert "| up to 4.47 req/s | sn |" in text
     assert "| above 4.47 req/s | dp |" in text
@@ -153,7 +154,7 @@ def test_one_outlier_below_the_crossover_does_not_move_it(tmp_path):
             "dp": [3.9, 9.5, 6.4, 8.9, 8.3],
         },
     )
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     assert decisions["crossover_between"] == [4, 6]
     assert [r["layout"] for r in decisions["recommendation"]] == ["sn", "dp"]
 
@@ -166,7 +167,7 @@ def test_a_lead_only_at_the_highest_rate_is_not_a_crossover(tmp_path):
             "dp": [3.9, 6.0, 6.9, 7.0, 8.5],
         },
     )
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     assert decisions["crossover_rate"] is None
     assert decisions["crossover_between"] is None
     assert decisions["crossover_status"] == "unconfirmed"
@@ -178,12 +179,12 @@ def test_a_dip_within_the_tolerance_is_a_tie(tmp_path):
     # At 6 DP is 1 % above SN: level within the 3 % tolerance, so DP wins from 8 only,
     # and the crossover needs two points: unconfirmed.
     run = sweep(tmp_path / "run", {"sn": [4, 6, 7, 7, 7], "dp": [4, 6, 7, 7.07, 9]})
-    assert report.analyse(run)["crossover_status"] == "unconfirmed"
+    assert analysis.analyse(run)["crossover_status"] == "unconfirmed"
 
 
 def test_dp_ahead_everywhere_is_recommended_everywhere(tmp_path):
     run = sweep(tmp_path / "run", {"sn": [3, 5, 6, 6, 6], "dp": [4, 7, 10, 12, 13]})
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     assert decisions["crossover_rate"] is None
     assert decisions["crossover_status"] == "ahead-everywhere"
     assert decisions["recommendation"] == [
@@ -203,7 +204,7 @@ def test_a_third_layout_that_overtakes_later_gets_its_own_range(tmp_path):
         },
         rates=rates,
     )
-    rec = report.analyse(run)["recommendation"]
+    rec = analysis.analyse(run)["recommendation"]
     assert [(r["layout"], r["max_rate"] is None) for r in rec] == [
         ("sn", False),
         ("dp", False),
@@ -224,7 +225,7 @@ def test_repetitions_report_median_and_spread(tmp_path):
     # One wild repetition does not move the median.
     rows.append(step("dp", 30.0, rate=2))
     rundir.write_csv(run / rundir.SUMMARY, rundir.SUMMARY_COLUMNS, rows)
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     sn_at_4 = next(p for p in decisions["series"]["rate"]["sn"] if p["rate"] == 4)
     assert sn_at_4["repetitions"] == 3
     assert sn_at_4["output_tok_s"] == {
@@ -236,7 +237,7 @@ def test_repetitions_report_median_and_spread(tmp_path):
     assert dp_at_2["repetitions"] == 4 and dp_at_2["output_tok_s"]["max"] == 30.0
     assert decisions["crossover_between"] == [4, 6]
     assert decisions["saturation"]["sn"]["rate"] == 4
-    markdown, _ = report.write(run)
+    markdown, _ = render.write(run)
     assert f"| sn | 4 | 7.07 ({round(7.07 * 0.98, 3):.2f}-{round(7.07 * 1.02, 3):.2f}, n=3) |" in (
         markdown.read_text()
     )
@@ -251,7 +252,7 @@ def test_overlapping_repetitions_do_not_count_as_a_lead(tmp_path):
         rows += [step("dp", tok, rate=rate) for tok in (5.5, 6.3, 7.0)]
     rundir.write_csv(run / rundir.SUMMARY, rundir.SUMMARY_COLUMNS, rows)
     # DP's median is 5 % above SN's, but below SN's best repetition at every rate.
-    assert report.analyse(run)["crossover_status"] == "never"
+    assert analysis.analyse(run)["crossover_status"] == "never"
 
 
 # --- errors, hosts, inputs --------------------------------------------------------------
@@ -265,12 +266,12 @@ def test_failed_requests_are_reported_and_mark_saturation(tmp_path):
         for r, tok, f in zip(RATES, (4, 7, 10, 13, 16), (0, 0, 0, 9, 30), strict=True)
     ]
     rundir.write_csv(run / rundir.SUMMARY, rundir.SUMMARY_COLUMNS, rows)
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     assert decisions["errors"]["failed"] == 39
     assert [s["rate"] for s in decisions["errors"]["steps_with_failures"]] == [6, 8]
     assert decisions["saturation"]["sn"]["rate"] == 4
     assert "9% of requests failed at 6" in decisions["saturation"]["sn"]["evidence"]
-    markdown, _ = report.write(run)
+    markdown, _ = render.write(run)
     assert "| sn | 6 req/s | 9 | 91 |" in markdown.read_text()
 
 
@@ -278,12 +279,12 @@ def test_a_directory_with_only_summary_csv_is_enough(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(FIXTURE / rundir.SUMMARY, run / rundir.SUMMARY)
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     assert decisions["crossover_between"] == [4, 6]
     assert decisions["energy"] == {"status": "not measured: no power.csv"}
     assert decisions["bandwidth"]["status"].startswith("not measured")
     assert "no power.csv: energy not measured" in decisions["notes"]
-    markdown, page = report.write(run)
+    markdown, page = render.write(run)
     assert "Energy: not measured: no power.csv." in markdown.read_text()
     assert page.is_file()
     assert not list((run / "plots").glob("*energy*"))
@@ -306,12 +307,12 @@ def test_several_hosts_get_decisions_each(tmp_path):
         for r in rows
     ]
     rundir.write_csv(run / rundir.SUMMARY, rundir.SUMMARY_COLUMNS, rows)
-    decisions = report.analyse(run)
+    decisions = analysis.analyse(run)
     assert decisions["host"] is None
     assert decisions["crossover_rate"] is None and decisions["recommendation"] == []
     assert decisions["hosts"]["a"]["crossover_between"] == [4, 6]
     assert decisions["hosts"]["b"]["crossover_between"] == [1, 2]
-    markdown, _ = report.write(run)
+    markdown, _ = render.write(run)
     assert "## Host a" in markdown.read_text() and "## Host b" in markdown.read_text()
     assert (run / "plots" / "b-rate-throughput.png").is_file()
 
@@ -325,10 +326,10 @@ def test_a_bad_summary_row_is_named_by_line_and_column(tmp_path):
         "box,sn,2,,fast,1,2,3,4,5,0\n"
     )
     with pytest.raises(rundir.RunDirError, match=r"line 3: output_tok_s 'fast' is not a number"):
-        report.analyse(run)
+        analysis.analyse(run)
     (run / rundir.SUMMARY).write_text("host,layout,rate\nbox,sn,1\n")
     with pytest.raises(rundir.RunDirError, match="missing column"):
-        report.analyse(run)
+        analysis.analyse(run)
 
 
 def socketwise(*args: str) -> subprocess.CompletedProcess[str]:
@@ -416,7 +417,7 @@ def png_bytes(page: Path, src: str) -> bytes:
 
 
 def test_report_html_renders_its_plots_in_headless_chromium(r730, tmp_path):
-    _, page = report.write(r730)
+    _, page = render.write(r730)
     assert_renders(page, tmp_path, min_images=8)
 
 

@@ -3,8 +3,8 @@
 import csv
 import json
 
-from socketwise.rundir import SUMMARY_COLUMNS, write_csv
-from socketwise.sweep import Profile, summary_rows
+from socketwise.measure.rundir import SUMMARY_COLUMNS, write_csv
+from socketwise.measure.sweep import Profile, summary_rows
 
 
 def test_rates_are_placed_relative_to_the_measured_maximum():

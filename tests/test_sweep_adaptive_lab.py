@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from socketwise.sweep import Profile, sweep
+from socketwise.measure.sweep import Profile, sweep
 
 from .labs import fresh_lab
 

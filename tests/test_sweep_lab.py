@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from socketwise import report
-from socketwise.sweep import Profile, sweep
+from socketwise.measure.sweep import Profile, sweep
+from socketwise.report import analysis, render
 
 from .labs import fresh_lab
 from .test_report import assert_renders
@@ -71,8 +71,8 @@ def test_the_host_is_back_on_its_configured_layout(run_dir):
 
 
 def test_the_report_of_the_run_renders_and_decides(run_dir, tmp_path):
-    decisions = report.analyse(run_dir)
+    decisions = analysis.analyse(run_dir)
     assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
     assert decisions["recommendation"], decisions
-    _, page = report.write(run_dir)
+    _, page = render.write(run_dir)
     assert_renders(page, tmp_path, min_images=4)

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from socketwise.topology import (
+from socketwise.facts.topology import (
     TopologyError,
     detect,
     format_cpulist,

@@ -7,21 +7,21 @@ machine lacks are added here where a test needs them, and systemctl is a recorde
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from socketwise import topology, tuning
-from socketwise.planner import PlanRequest, plan
-from socketwise.topology import detect
-from socketwise.tuning import Host, Settings, TuningError, decide, restore, tune
+from socketwise.facts.topology import detect, format_cpulist
+from socketwise.host import tuning
+from socketwise.host.tuning import Host, Settings, TuningError, decide, restore, tune
+from socketwise.host.tuning.irq import nic_irqs
+from socketwise.plan.planner import PlanRequest, plan
 
 from .machines import build_machine
 from .playbooks import run_playbook
+from .shipped import host_python, ship
 
 REPO = Path(__file__).resolve().parent.parent
 EVENS = list(range(0, 28, 2))
@@ -79,7 +79,7 @@ def test_r730_sn_tunes_only_the_serving_socket_and_steers_the_nic_to_its_reserve
     assert knobs["irq_affinity.eno1"]["desired"] == "24,26,52,54"
     # irqbalance keeps off every thread of an inference core, siblings included.
     banned = EVENS[:12] + [c + 28 for c in EVENS[:12]]
-    assert knobs["irqbalance"]["desired"] == {"banned_cpulist": tuning.format_cpulist(banned)}
+    assert knobs["irqbalance"]["desired"] == {"banned_cpulist": format_cpulist(banned)}
     assert knobs["cpu_governor.node0"]["cpus"] == sorted(EVENS + [c + 28 for c in EVENS])
     assert knobs["cpuidle.node0"]["desired"] is None, "C-states are left alone by default"
 
@@ -128,7 +128,7 @@ def test_gpu_server_keeps_nic_irqs_on_the_nic_node_that_does_not_infer(facts):
     topology, sn, _ = facts("gpu", layout="sn")
     knobs = by_name(decide(topology, sn, Settings()))
     assert {r["node"] for r in sn["instances"][0]["ranks"]} == {1}
-    node0 = tuning.format_cpulist(next(n["cpus"] for n in topology["nodes"] if n["id"] == 0))
+    node0 = format_cpulist(next(n["cpus"] for n in topology["nodes"] if n["id"] == 0))
     assert knobs["irq_affinity.ens2f0np0"]["desired"] == node0
     assert knobs["irq_affinity.ens2f1np1"]["desired"] == node0
     assert "hugepages.node0.2048kB" not in knobs and "cpu_governor.node1" in knobs
@@ -317,7 +317,7 @@ def test_tune_sets_reads_back_and_records_originals_then_changes_nothing(r730_ho
     assert systemd.calls == ["restart irqbalance.service"]
     # before is the original, after the read-back value.
     assert knobs["kernel.numa_balancing"]["before"] == 1
-    node0 = tuning.format_cpulist(EVENS + [c + 28 for c in EVENS])
+    node0 = format_cpulist(EVENS + [c + 28 for c in EVENS])
     assert knobs["cpu_governor.node0"]["before"] == {"powersave": node0}
     backup = json.loads((root / BACKUP).read_text())["knobs"]
     assert backup["thp.enabled"]["original"] == "madvise"
@@ -434,7 +434,7 @@ def test_nic_irqs_are_found_in_proc_interrupts_when_sysfs_has_none(facts):
         " 39:      36107          0 PCI-MSIX-0000:00:03.0   2-edge      eth0-output.0\n"
         "NMI:          0          0   Non-maskable interrupts\n",
     )
-    assert tuning.nic_irqs(Host(root), "eth0", None) == [38, 39]
+    assert nic_irqs(Host(root), "eth0", None) == [38, 39]
 
 
 class FlakyKernel(Host):
@@ -505,24 +505,16 @@ def test_boot_helper_reapplies_the_persisted_knobs(r730_host, tmp_path):
     assert not any(line.startswith(("irqbalance", "kernel.")) for line in lines)
 
 
-def test_boot_helper_runs_as_a_script_with_only_the_standard_library(tmp_path):
-    # As the unit runs it: the file alone, outside the package, with no knobs to touch.
-    helper = tmp_path / "socketwise_tuning.py"
-    helper.write_text(Path(tuning.__file__).read_text())
-    # The role installs the cpulist helpers it imports beside it.
-    (tmp_path / "socketwise_topology.py").write_text(Path(topology.__file__).read_text())
+def test_boot_helper_runs_from_the_shipped_files_with_only_the_standard_library(tmp_path):
+    # As the unit runs it: the files the role installs, outside the checkout, no knobs to touch.
+    shipped = ship("host_tuning", "__host_tuning_helper_files", tmp_path / "lib")
     spec = tmp_path / "tuning.json"
     spec.write_text(json.dumps({"schema": 1, "knobs": []}))
-    env = {"PATH": os.environ["PATH"]}
-    done = subprocess.run(
-        [sys.executable, "-I", str(helper), "apply", str(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
+    argv, env = host_python(shipped, "socketwise.host.tuning", "apply", str(spec))
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    usage = subprocess.run([sys.executable, "-I", str(helper)], capture_output=True, text=True)
+    argv, env = host_python(shipped, "socketwise.host.tuning")
+    usage = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert usage.returncode == 2 and "usage" in usage.stderr
 
 

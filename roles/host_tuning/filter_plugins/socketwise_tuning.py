@@ -1,15 +1,15 @@
-"""Ansible door into socketwise.tuning.decide: the filter `socketwise_tuning_spec`."""
+"""Ansible door into socketwise.host.tuning.decide: the filter `socketwise_tuning_spec`."""
 
 import sys
 from pathlib import Path
 
 try:
-    from socketwise.tuning import Settings, TuningError, decide
+    from socketwise.host.tuning import Settings, TuningError, decide
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.tuning import Settings, TuningError, decide
+    from socketwise.host.tuning import Settings, TuningError, decide
 
 
 def socketwise_tuning_spec(topology, plan, **settings):

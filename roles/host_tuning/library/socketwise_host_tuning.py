@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible door into socketwise.tuning's host half (shipped as module_utils, stdlib only)."""
+"""Ansible door into socketwise.host.tuning's host half (shipped as module_utils, stdlib only)."""
 
 DOCUMENTATION = r"""
 ---
@@ -74,7 +74,7 @@ python:
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise_tuning import Host, KnobError, restore, tune
+from ansible.module_utils.socketwise.host.tuning import Host, KnobError, restore, tune
 
 
 def main():

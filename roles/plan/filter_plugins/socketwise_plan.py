@@ -1,15 +1,15 @@
-"""Ansible door into socketwise.planner: the filter `socketwise_plan`."""
+"""Ansible door into socketwise.plan.planner: the filter `socketwise_plan`."""
 
 import sys
 from pathlib import Path
 
 try:
-    from socketwise.planner import PlanError, PlanRequest, plan
+    from socketwise.plan.planner import PlanError, PlanRequest, plan
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.planner import PlanError, PlanRequest, plan
+    from socketwise.plan.planner import PlanError, PlanRequest, plan
 
 
 def socketwise_plan(topology, **request):

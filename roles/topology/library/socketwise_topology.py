@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible door into socketwise.topology (shipped as module_utils, stdlib only)."""
+"""Ansible door into socketwise.facts.topology (shipped as module_utils, stdlib only)."""
 
 DOCUMENTATION = r"""
 ---
@@ -44,7 +44,7 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise_topology import TopologyError, detect
+from ansible.module_utils.socketwise.facts.topology import TopologyError, detect
 
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible door into socketwise.verify: real CPU affinity of vLLM services against the plan."""
+"""Ansible door into socketwise.serve.verify: real CPU affinity of vLLM services vs the plan."""
 
 DOCUMENTATION = r"""
 ---
@@ -45,7 +45,7 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise_verify import check_instance, describe, process_tree
+from ansible.module_utils.socketwise.serve.verify import check_instance, describe, process_tree
 
 
 def main():

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible door into socketwise.verify: who already listens on the ports a plan needs."""
+"""Ansible door into socketwise.serve.verify: who already listens on the ports a plan needs."""
 
 DOCUMENTATION = r"""
 ---
@@ -44,7 +44,7 @@ clashes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise_verify import port_clashes, process_tree
+from ansible.module_utils.socketwise.serve.verify import port_clashes, process_tree
 
 
 def main():

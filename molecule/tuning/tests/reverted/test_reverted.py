@@ -47,6 +47,7 @@ def test_nothing_of_the_role_is_left_behind(host):
         "/etc/sysctl.d/60-socketwise-tuning.conf",
         "/etc/systemd/system/socketwise-tuning.service",
         "/etc/socketwise/tuning.json",
+        "/usr/local/lib/socketwise/tuning",
         "/usr/local/lib/socketwise/socketwise_tuning.py",
         "/usr/local/lib/socketwise/socketwise_topology.py",
         "/var/lib/socketwise/tuning-backup.json",

@@ -13,6 +13,7 @@ sweep is meaningful on a 2-core lab host and on a 128-core server.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -21,12 +22,12 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from socketwise import paths
-from socketwise.rundir import POWER_COLUMNS, SUMMARY_COLUMNS, power_rows, write_csv
+from socketwise.common import paths
+from socketwise.measure.rundir import POWER_COLUMNS, SUMMARY_COLUMNS, power_rows, write_csv
 
 # Layout names of a sweep -> the deploy.yml variables that select them.
 # The benchmark role's per-step task, whose loop items mark the sweep's progress.
@@ -439,7 +440,11 @@ def _collect_hosts(run_dir: Path, manifest: dict) -> None:
         entry["bandwidth_gbps"] = min(node_gbps.values())
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(
+    subparsers: argparse._SubParsersAction, write_report: Callable[[Path], Iterable[Path]]
+) -> None:
+    """Add `sweep`; `write_report(run_dir)` (the report stage, handed in by the CLI so that
+    measuring never imports what is downstream of it) writes the report at the end."""
     parser = subparsers.add_parser(
         "sweep",
         help="deploy and benchmark each layout, write a run directory and its report",
@@ -463,10 +468,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tool", default="vllm", help=f"load generator: {' or '.join(TOOLS)} (default vllm)"
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=functools.partial(_run, write_report=write_report))
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]]) -> int:
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     profile = Profile(
         concurrencies=[int(x) for x in args.concurrencies.split(",") if x],
@@ -485,10 +490,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"socketwise sweep: error: {exc}", file=sys.stderr)
         return 2
     print(f"[sweep] run directory {run_dir}")
-    try:
-        from socketwise import report
-    except ImportError:
-        return 0
-    for written in report.write(run_dir):
+    for written in write_report(run_dir):
         print(f"[sweep] wrote {written}")
     return 0

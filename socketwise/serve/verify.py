@@ -1,7 +1,7 @@
 """What really runs on a host, checked against the plan: CPU affinity and port owners.
 
-Stdlib only: shipped to hosts as Ansible module_utils (roles/vllm_service), and
-read by pytest directly. Everything reads /proc under a configurable root.
+Stdlib only: shipped to hosts as the role's module_utils package (roles/vllm_service),
+and read by pytest directly. Everything reads /proc under a configurable root.
 """
 
 from __future__ import annotations
@@ -9,10 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-try:
-    from socketwise.topology import parse_cpulist
-except ImportError:  # on a host, shipped beside it as module_utils
-    from ansible.module_utils.socketwise_topology import parse_cpulist  # type: ignore
+from ..facts.topology import parse_cpulist
 
 # vLLM names its processes; only the workers pin threads (API server and engine core
 # float over the service's CPUs), so they are what the plan's ranks are checked against.

@@ -31,7 +31,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from socketwise import topology
+from ..facts import topology  # relative: shipped to hosts with host.tuning
 
 LAYOUTS = ("sn", "tp", "dp", "auto")
 DP_MODES = ("instances", "vllm")

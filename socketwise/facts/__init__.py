@@ -1,0 +1,1 @@
+"""Stage 1, facts: what a host is (topology detection; runs on hosts, stdlib only)."""

@@ -1,0 +1,1 @@
+"""Development apart from the product: nspawn lab machines and the tiny test model."""

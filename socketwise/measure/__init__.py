@@ -1,0 +1,1 @@
+"""Stage 5, measure: sweeps, the benchmark runner and power meter (on hosts), run directories."""

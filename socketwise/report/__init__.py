@@ -1,0 +1,1 @@
+"""Stage 6, report: the decisions from a run directory, and their rendering."""

@@ -1,0 +1,544 @@
+"""The report of a run directory: the decisions (crossover, saturation, recommended layout
+per load range, bandwidth limit, energy) and report.md / report.html with plots.
+
+Plain Python with no Ansible import; `socketwise report RUN_DIR [--json]` is its door.
+`analyse(run_dir)` returns the decisions as JSON-ready data, `write(run_dir)` renders
+them. Methods (README, "Reports"), all on the median of the repetitions of each point:
+
+- A layout is *ahead* of another at a load point when its median output tok/s is higher
+  by more than TOLERANCE of the larger one and, when both points were repeated, also
+  above the other's maximum.
+- Crossover of a challenger over the incumbent (SN first): the lowest measured load from
+  which the challenger is ahead at every higher measured load, shared by both, with at
+  least CONFIRM_POINTS such loads. A lead that does not last to the top of the measured
+  range (one spike) does not count; a lead at the top point alone is unconfirmed. The
+  value is interpolated linearly, within the bracketing points, where the challenger's
+  lead less the tolerance crosses zero.
+- Saturation: a point *departs* when its throughput is not above (1 + GAIN) times the
+  best so far, or (by rate only) its TTFT p50 exceeds TTFT_FACTOR times that at the
+  lowest load, or more than ERROR_SHARE of its requests failed. Saturation is the last
+  load before the first departure that persists at the next point too.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from socketwise.measure import rundir
+from socketwise.report.points import (
+    UNITS,
+    Curves,
+    Point,
+    fmt_load,
+    fmt_loads,
+    fmt_num,
+    group,
+    layout_key,
+    rounded,
+    total,
+)
+
+TOLERANCE = 0.03
+CONFIRM_POINTS = 2
+GAIN = 0.05
+TTFT_FACTOR = 3.0
+ERROR_SHARE = 0.01
+BASE_LAYOUT = "sn"
+SCHEMA = 1
+CROSSOVER_METHOD = (
+    f"lowest measured load from which the challenger's median output tok/s is ahead of the "
+    f"incumbent's (by more than {TOLERANCE:.0%} of the larger, and above its maximum when "
+    f"both are repeated) at every higher load measured by both, on at least "
+    f"{CONFIRM_POINTS} loads; interpolated between the bracketing loads"
+)
+SATURATION_METHOD = (
+    f"last load before the first point that departs, persistently (the next point departs "
+    f"too): throughput not above {1 + GAIN:g}x the best so far, TTFT p50 above "
+    f"{TTFT_FACTOR:g}x its lowest-load value (by rate only: in a closed loop latency grows "
+    f"with concurrency by construction), or more than {ERROR_SHARE:.0%} failed (medians)"
+)
+
+
+def _ahead(a: Point, b: Point) -> bool:
+    if a.tok - b.tok <= TOLERANCE * max(a.tok, b.tok):
+        return False
+    if a.repetitions > 1 and b.repetitions > 1:
+        return a.tok > b.stats["output_tok_s"]["max"]
+    return True
+
+
+def _margin(a: Point, b: Point) -> float:
+    return a.tok - b.tok - TOLERANCE * max(a.tok, b.tok)
+
+
+def overtake(incumbent: list[Point], challenger: list[Point], axis: str, names: tuple[str, str]):
+    """Where `challenger` overtakes `incumbent` for good (see the module docstring)."""
+    inc_name, ch_name = names
+    unit = UNITS[axis]
+    inc = {p.load: p for p in incumbent}
+    ch = {p.load: p for p in challenger}
+    common = sorted(set(inc) & set(ch))
+    result = {"status": "", axis: None, "between": None, "evidence": "", "ahead_at": []}
+    if not common:
+        result["status"] = "no-common-points"
+        result["evidence"] = f"{ch_name} and {inc_name} share no measured {axis}"
+        return result
+    ahead = [_ahead(ch[x], inc[x]) for x in common]
+    result["ahead_at"] = [x for x, is_ahead in zip(common, ahead, strict=True) if is_ahead]
+    first = len(common)
+    while first > 0 and ahead[first - 1]:
+        first -= 1
+    lead = common[first:]
+    spikes = [x for x in result["ahead_at"] if x not in lead]
+    spike_note = (
+        f"; its lead at {fmt_loads(spikes)} {unit} is not sustained at higher load, so it does "
+        f"not count"
+        if spikes
+        else ""
+    )
+    pairs = "; ".join(
+        f"{fmt_load(x)}: {fmt_num(ch[x].tok)} vs {fmt_num(inc[x].tok)}" for x in common
+    )
+    tok = f" (median output tok/s {ch_name} vs {inc_name} at {axis} {pairs})"
+    if not result["ahead_at"]:
+        result["status"] = "never"
+        result["evidence"] = f"{ch_name} is ahead of {inc_name} at no measured {axis}{tok}"
+    elif not lead:
+        result["status"] = "never"
+        result["evidence"] = (
+            f"{ch_name} is not ahead of {inc_name} at the highest measured {axis} "
+            f"{fmt_load(common[-1])}{spike_note}{tok}"
+        )
+    elif len(lead) < CONFIRM_POINTS:
+        result["status"] = "unconfirmed"
+        result["evidence"] = (
+            f"{ch_name} is ahead of {inc_name} only at the highest measured {axis} "
+            f"{fmt_load(lead[0])}: one point is not enough, measure beyond it{spike_note}{tok}"
+        )
+    elif first == 0:
+        result["status"] = "ahead-everywhere"
+        result["evidence"] = (
+            f"{ch_name} is ahead of {inc_name} by more than {TOLERANCE:.0%} at every measured "
+            f"{axis} ({fmt_loads(common)} {unit}), so any crossover lies below "
+            f"{fmt_load(common[0])}{tok}"
+        )
+    else:
+        low, high = common[first - 1], common[first]
+        m_low, m_high = _margin(ch[low], inc[low]), _margin(ch[high], inc[high])
+        share = -m_low / (m_high - m_low) if m_high > m_low else 0.0
+        result["status"] = "found"
+        result[axis] = round(low + min(1.0, max(0.0, share)) * (high - low), 2)
+        result["between"] = [low, high]
+        result["evidence"] = (
+            f"{ch_name} is ahead of {inc_name} by more than {TOLERANCE:.0%} at every measured "
+            f"{axis} from {fmt_load(high)} to {fmt_load(common[-1])} {unit}, "
+            f"not at {fmt_load(low)}"
+            f"{spike_note}{tok}"
+        )
+    return result
+
+
+def recommend(curves: Curves, axis: str) -> dict:
+    """Recommended layout per load range on one axis: SN (else the first layout) until a
+    challenger overtakes it for good, then that layout until another overtakes it."""
+    layouts = list(curves)
+    if not layouts:
+        return {"recommendation": [], "crossovers": {}, "not_recommended": {}}
+    base = BASE_LAYOUT if BASE_LAYOUT in curves else layouts[0]
+    crossovers = {
+        name: overtake(curves[base], curves[name], axis, (base, name))
+        for name in layouts
+        if name != base
+    }
+    switches: list[tuple[str, str, dict]] = []  # (overtaken, overtaking, overtake result)
+    incumbent, floor = base, 0.0
+    while True:
+        options = {}
+        for name in layouts:
+            if name == base or any(name == to for _, to, _ in switches):
+                continue
+            if incumbent == base:
+                result, accepted = crossovers[name], ("found", "ahead-everywhere")
+            else:
+                # A later challenger must overtake the new incumbent where it already leads.
+                above = [p for p in curves[incumbent] if p.load >= floor]
+                result = overtake(above, curves[name], axis, (incumbent, name))
+                accepted = ("found",)
+            if result["status"] in accepted:
+                options[name] = result
+        if not options:
+            break
+        name = min(
+            options,
+            key=lambda n: (
+                options[n][axis] if options[n][axis] is not None else float("-inf"),
+                -max(p.tok for p in curves[n]),
+            ),
+        )
+        switches.append((incumbent, name, options[name]))
+        floor = options[name]["between"][1] if options[name]["between"] else 0.0
+        incumbent = name
+    ranges = _ranges(curves, axis, base, switches)
+    chosen = {r["layout"] for r in ranges}
+    not_recommended = {
+        name: crossovers[name]["evidence"] if name != base else _base_loses(base, crossovers)
+        for name in layouts
+        if name not in chosen
+    }
+    return {"recommendation": ranges, "crossovers": crossovers, "not_recommended": not_recommended}
+
+
+def _ranges(curves: Curves, axis: str, base: str, switches: list) -> list[dict]:
+    unit, bound = UNITS[axis], f"max_{axis}"
+    margin = f"by more than {TOLERANCE:.0%} of median output tok/s"
+    ranges = []
+    since = None
+    for held, taker, result in switches:
+        if result["status"] != "found":
+            continue  # ahead everywhere: the overtaken layout holds no range
+        low, high = result["between"]
+        default = " (the single-node default)" if held == base else ""
+        start = "" if since is None else f"from {fmt_load(since)} "
+        spikes = [x for x in result["ahead_at"] if x < high]
+        rule = (
+            f"{held}{default} {start}up to {fmt_load(result[axis])} {unit}, the {held}/{taker} "
+            f"crossover (interpolated between the measured {fmt_load(low)} and "
+            f"{fmt_load(high)}): "
+            f"{taker} is ahead of {held} {margin} at every measured {axis} from {fmt_load(high)} "
+            f"up, not at {fmt_load(low)}"
+        )
+        if spikes:
+            rule += f"; its lead at {fmt_loads(spikes)} is not sustained, so it does not count"
+        ranges.append({bound: result[axis], "layout": held, "rule": rule})
+        since = result[axis]
+    top = max(p.load for points in curves.values() for p in points)
+    if not switches:
+        rule = f"{base} at every measured {axis} up to {fmt_load(top)} {unit}: " + (
+            "no other layout stays ahead of it to the highest measured load (see not_recommended)"
+            if len(curves) > 1
+            else "the only layout measured"
+        )
+        return [{bound: None, "layout": base, "rule": rule}]
+    held, taker, result = switches[-1]
+    if result["status"] == "found":
+        rule = (
+            f"{taker} above {fmt_load(result[axis])} {unit}: ahead of {held} {margin} at every "
+            f"measured {axis} from {fmt_load(result['between'][1])} to {fmt_load(top)} {unit}"
+        )
+    else:
+        rule = f"{taker} at every measured {axis}: {result['evidence']}"
+    ranges.append({bound: None, "layout": taker, "rule": rule})
+    return ranges
+
+
+def _base_loses(base: str, crossovers: dict) -> str:
+    winners = [n for n, c in crossovers.items() if c["status"] == "ahead-everywhere"]
+    return f"{', '.join(winners)} ahead of {base} at every measured load"
+
+
+# --- saturation -----------------------------------------------------------------------
+
+
+def saturation(points: list[Point], axis: str) -> dict:
+    unit = UNITS[axis]
+    entry = {
+        "axis": axis,
+        axis: None,
+        "between": None,
+        "status": "",
+        "method": SATURATION_METHOD,
+        "evidence": "",
+        "peak_output_tok_s": rounded(max(p.tok for p in points)),
+        f"peak_at_{axis}": max(points, key=lambda p: p.tok).load,
+    }
+    if len(points) < 2:
+        entry["status"] = "too-few-points"
+        entry["evidence"] = f"one measured {axis}: a saturation point needs at least two"
+        return entry
+    base_ttft = points[0].median("ttft_p50_ms")
+    best = points[0].tok
+    signals: list[list[str]] = [[]]
+    for point in points[1:]:
+        reasons = []
+        if point.tok <= best * (1 + GAIN):
+            reasons.append(
+                f"{fmt_num(point.tok)} tok/s at {fmt_load(point.load)} is no gain over the best "
+                f"{fmt_num(best)} so far"
+            )
+        ttft = point.median("ttft_p50_ms")
+        # In a closed loop latency grows with concurrency by construction (Little's law),
+        # so there only throughput and errors tell saturation.
+        if axis == "rate" and base_ttft and ttft is not None and ttft > TTFT_FACTOR * base_ttft:
+            reasons.append(
+                f"TTFT p50 {fmt_num(ttft)} ms at {fmt_load(point.load)} is over "
+                f"{TTFT_FACTOR:g}x the "
+                f"{fmt_num(base_ttft)} ms at {fmt_load(points[0].load)}"
+            )
+        share = point.failed_share
+        if share is not None and share > ERROR_SHARE:
+            reasons.append(f"{share:.0%} of requests failed at {fmt_load(point.load)}")
+        signals.append(reasons)
+        best = max(best, point.tok)
+    for i in range(1, len(points)):
+        if not signals[i]:
+            continue
+        last_point = i == len(points) - 1
+        if not last_point and not signals[i + 1]:
+            continue  # one noisy point: the next one recovers
+        entry[axis] = points[i - 1].load
+        entry["between"] = [points[i - 1].load, points[i].load]
+        seen = signals[i] + ([] if last_point else signals[i + 1])
+        if last_point:
+            entry["status"] = "unconfirmed"
+            entry["evidence"] = (
+                "; ".join(seen) + f"; only at the highest measured {axis}, measure beyond "
+                f"{fmt_load(points[i].load)} {unit} to confirm"
+            )
+        else:
+            entry["status"] = "confirmed"
+            entry["evidence"] = "; ".join(seen)
+        return entry
+    entry["status"] = "not-reached"
+    entry["evidence"] = (
+        f"throughput still rising and latency steady up to the highest measured {axis} "
+        f"{fmt_load(points[-1].load)} {unit}"
+    )
+    return entry
+
+
+# --- bandwidth limit, errors, energy --------------------------------------------------
+
+
+def bandwidth(axes: dict[str, Curves], facts: dict | None) -> dict:
+    """Share of the decode bound (bandwidth / weight bytes) reached at the lowest load."""
+    try:
+        model_bytes = float(facts["model_bytes"])
+        gbps = float(facts["bandwidth_gbps"])
+    except (TypeError, KeyError, ValueError):
+        return {"status": "not measured: manifest.json has no model_bytes and bandwidth_gbps"}
+    if model_bytes <= 0 or gbps <= 0:
+        return {"status": "not measured: model_bytes and bandwidth_gbps must be above 0"}
+    limit = gbps * 1e9 / model_bytes
+    layouts = {}
+    names = sorted({n for curves in axes.values() for n in curves}, key=layout_key)
+    for name in names:
+        closed = {p.load: p for p in axes.get("concurrency", {}).get(name, [])}
+        if 1 in closed:
+            point, basis = closed[1], "concurrency 1"
+        else:
+            axis = "rate" if name in axes.get("rate", {}) else "concurrency"
+            point = axes[axis][name][0]
+            basis = f"lowest {axis} {fmt_load(point.load)} (no concurrency-1 step)"
+        layouts[name] = {
+            "basis": basis,
+            "output_tok_s": rounded(point.tok),
+            "fraction": round(point.tok / limit, 3),
+        }
+    return {
+        "status": "measured",
+        "bandwidth_gbps": gbps,
+        "model_bytes": int(model_bytes),
+        "limit_tok_s": round(limit, 3),
+        "note": "limit of one NUMA node; a TP layout over N nodes reads N times as fast",
+        "layouts": layouts,
+    }
+
+
+def errors(axes: dict[str, Curves]) -> dict:
+    steps = [
+        {
+            "layout": name,
+            "axis": axis,
+            axis: p.load,
+            "failed": p.failed,
+            "completed": p.completed,
+        }
+        for axis, curves in axes.items()
+        for name, points in curves.items()
+        for p in points
+    ]
+    counted = [s["failed"] for s in steps if s["failed"] is not None]
+    return {
+        "failed": sum(counted) if counted else None,
+        "completed": total([s["completed"] for s in steps]),
+        "steps_with_failures": [s for s in steps if s["failed"]],
+    }
+
+
+def energy(axes: dict[str, Curves], rows: list[rundir.PowerRow] | None, host: str) -> dict:
+    if rows is None:
+        return {"status": "not measured: no power.csv"}
+    rows = [r for r in rows if r.host == host]
+    if not rows:
+        return {"status": f"not measured: power.csv has no row for {host}"}
+    sources = sorted({r.source for r in rows}, key=lambda s: (s != "ipmi", s != "rapl", s))
+    by_source = {}
+    for source in sources:
+        mine = [r for r in rows if r.source == source]
+        idle_rows = [r.watts for r in mine if r.layout == rundir.IDLE]
+        idle = statistics.median(idle_rows) if idle_rows else None
+        steps = []
+        for axis, curves in axes.items():
+            for name, points in curves.items():
+                for p in points:
+                    watts = [
+                        r.watts for r in mine if (r.layout, r.axis, r.load) == (name, axis, p.load)
+                    ]
+                    if not watts:
+                        continue
+                    w = statistics.median(watts)
+                    above = w - idle if idle is not None else None
+                    steps.append(
+                        {
+                            "layout": name,
+                            "axis": axis,
+                            axis: p.load,
+                            "watts": rounded(w, 2),
+                            "output_tok_s": rounded(p.tok),
+                            "tok_per_w": rounded(p.tok / w) if w > 0 else None,
+                            "tok_per_w_above_idle": rounded(p.tok / above)
+                            if above and above > 0
+                            else None,
+                        }
+                    )
+        by_source[source] = {"idle_watts": idle, "steps": steps}
+    primary = sources[0]
+    return {
+        "status": "measured",
+        "source": primary,
+        "idle_watts": by_source[primary]["idle_watts"],
+        "steps": by_source[primary]["steps"],
+        "sources": by_source,
+    }
+
+
+# --- analysis -------------------------------------------------------------------------
+
+
+def _series(axes: dict[str, Curves]) -> dict:
+    return {
+        axis: {
+            name: [
+                {
+                    axis: p.load,
+                    "repetitions": p.repetitions,
+                    **{
+                        m: None
+                        if p.stats[m] is None
+                        else {k: rounded(v) for k, v in p.stats[m].items()}
+                        for m in rundir.METRICS
+                    },
+                    "completed": p.completed,
+                    "failed": p.failed,
+                }
+                for p in points
+            ]
+            for name, points in curves.items()
+        }
+        for axis, curves in axes.items()
+    }
+
+
+def host_decisions(axes: dict[str, Curves], facts: dict | None, power, host: str) -> dict:
+    by_axis = {axis: recommend(curves, axis) for axis, curves in axes.items()}
+    rate = by_axis.get("rate", {"recommendation": [], "crossovers": {}, "not_recommended": {}})
+    pair = _crossover_pair(axes.get("rate", {}), rate["crossovers"])
+    crossover = rate["crossovers"].get(pair[1]) if pair else None
+    decisions = {
+        "crossover_rate": crossover["rate"] if crossover else None,
+        "crossover_between": crossover["between"] if crossover else None,
+        "crossover_layouts": list(pair) if pair else None,
+        "crossover_status": crossover["status"] if crossover else "not-measured",
+        "crossover_method": CROSSOVER_METHOD,
+        "crossovers": rate["crossovers"],
+        "saturation": {},
+        "recommendation": rate["recommendation"],
+        "not_recommended": dict(rate["not_recommended"]),
+    }
+    by_axis_saturation = {
+        axis: {name: saturation(points, axis) for name, points in curves.items()}
+        for axis, curves in axes.items()
+    }
+    names = sorted({n for curves in axes.values() for n in curves}, key=layout_key)
+    # One entry per layout: by rate where it was measured by rate, else by concurrency.
+    decisions["saturation"] = {
+        name: by_axis_saturation.get("rate", {}).get(name)
+        or by_axis_saturation["concurrency"][name]
+        for name in names
+    }
+    if "concurrency" in by_axis:
+        closed = by_axis["concurrency"]
+        pair_c = _crossover_pair(axes["concurrency"], closed["crossovers"])
+        cross_c = closed["crossovers"].get(pair_c[1]) if pair_c else None
+        decisions["by_concurrency"] = {
+            "crossover_concurrency": cross_c["concurrency"] if cross_c else None,
+            "crossover_between": cross_c["between"] if cross_c else None,
+            "crossover_layouts": list(pair_c) if pair_c else None,
+            "crossover_status": cross_c["status"] if cross_c else "not-measured",
+            "crossovers": closed["crossovers"],
+            "saturation": by_axis_saturation["concurrency"],
+            "recommendation": closed["recommendation"],
+            "not_recommended": closed["not_recommended"],
+        }
+    # A layout measured only by concurrency is still named, so nobody reads silence as
+    # "not considered".
+    for name in axes.get("concurrency", {}):
+        if name not in axes.get("rate", {}) and "rate" in axes:
+            why = by_axis["concurrency"]["not_recommended"].get(name)
+            decisions["not_recommended"][name] = "not measured by rate" + (
+                f"; by concurrency: {why}" if why else "; by concurrency it is recommended"
+            )
+    decisions["bandwidth"] = bandwidth(axes, facts)
+    decisions["errors"] = errors(axes)
+    decisions["energy"] = energy(axes, power, host)
+    decisions["series"] = _series(axes)
+    return decisions
+
+
+def _crossover_pair(curves: Curves, crossovers: dict) -> tuple[str, str] | None:
+    """(sn, the DP layout) whose crossover is the headline: `dp`, else the first dp-*."""
+    dps = [n for n in crossovers if n == "dp"] or [n for n in crossovers if n.startswith("dp")]
+    return (BASE_LAYOUT, dps[0]) if dps and BASE_LAYOUT in curves else None
+
+
+def analyse(run_dir: str | Path) -> dict:
+    """The decisions of a run directory (see README, "Reports", for every key)."""
+    run_dir = Path(run_dir)
+    steps = rundir.read_summary(run_dir)
+    manifest = rundir.read_manifest(run_dir)
+    power = rundir.read_power(run_dir)
+    grouped = group(steps)
+    facts = (manifest or {}).get("hosts", {})
+    hosts = {
+        host: host_decisions(axes, facts.get(host), power, host) for host, axes in grouped.items()
+    }
+    notes = [
+        f"{host}: no rate (open-loop) steps, so the rate decisions are empty; see by_concurrency"
+        for host, axes in grouped.items()
+        if "rate" not in axes
+    ]
+    if manifest is None:
+        notes.append("no manifest.json: bandwidth limit not computed")
+    if power is None:
+        notes.append("no power.csv: energy not measured")
+    result = {
+        "schema": SCHEMA,
+        "run_dir": str(run_dir),
+        "inputs": {
+            rundir.SUMMARY: len(steps),
+            rundir.MANIFEST: manifest is not None,
+            rundir.POWER: power is not None,
+        },
+        "notes": notes,
+        "host": None,
+        "hosts": hosts,
+    }
+    if len(hosts) == 1:
+        ((host, decisions),) = hosts.items()
+        result["host"] = host
+        result.update(decisions)
+    else:
+        notes.append(f"{len(hosts)} hosts: the decisions of each are under hosts.<name>")
+        result.update(crossover_rate=None, crossover_between=None, saturation={}, recommendation=[])
+    return result

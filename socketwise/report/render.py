@@ -1,0 +1,66 @@
+"""Writing a run directory's report (report.md, report.html, plots/), and the
+`socketwise report` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from socketwise.measure import rundir
+from socketwise.report.analysis import analyse
+from socketwise.report.document import document_blocks, render_html, render_markdown
+from socketwise.report.plots import plots_for
+from socketwise.report.points import group
+
+
+def write(run_dir: str | Path) -> tuple[Path, Path]:
+    """Analyse RUN_DIR and write RUN_DIR/report.md, report.html and plots/*.png."""
+    _, markdown, page = _write(Path(run_dir))
+    return markdown, page
+
+
+def _write(run_dir: Path) -> tuple[dict, Path, Path]:
+    analysis = analyse(run_dir)
+    axes_by_host = group(rundir.read_summary(run_dir))
+    plots = {
+        host: plots_for(run_dir, host, axes_by_host[host], decisions)
+        for host, decisions in analysis["hosts"].items()
+    }
+    blocks = document_blocks(analysis, axes_by_host, plots)
+    markdown, page = run_dir / "report.md", run_dir / "report.html"
+    markdown.write_text(render_markdown(blocks))
+    page.write_text(render_html(blocks, f"socketwise report: {run_dir.name}"))
+    return analysis, markdown, page
+
+
+# --- CLI door -------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write report.md/report.html for a run directory; --json prints the decisions",
+        description=(
+            "Read RUN_DIR/summary.csv (and manifest.json, power.csv when present), decide the "
+            "SN/DP crossover, each layout's saturation and the layout per load range, and "
+            "write RUN_DIR/report.md and report.html with plots in RUN_DIR/plots/."
+        ),
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run directory")
+    parser.add_argument("--json", action="store_true", help="print the decisions as JSON")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        analysis, markdown, page = _write(args.run_dir)
+    except rundir.RunDirError as exc:
+        print(f"socketwise report: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(analysis, indent=2))
+    else:
+        print(f"wrote {markdown} and {page}")
+    return 0

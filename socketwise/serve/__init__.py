@@ -1,0 +1,1 @@
+"""Stage 4, serve: checks of the running services against the plan (runs on hosts, stdlib only)."""
