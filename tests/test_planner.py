@@ -270,3 +270,61 @@ def test_cli_refuses_a_topology_file_that_is_not_json(tmp_path):
     result = run_cli("plan", "--topology", str(bad))
     assert result.returncode == 2
     assert "cannot read topology file" in result.stderr
+
+
+def synthetic(nodes: list[tuple[int, int]], distances: list[list[int]] | None = None) -> dict:
+    """A topology of (physical cores, GB) per node, no SMT, CPUs numbered node by node."""
+    described, first = [], 0
+    for index, (cores, gb) in enumerate(nodes):
+        cpus = list(range(first, first + cores))
+        first += cores
+        row = (
+            distances[index] if distances else [10 if i == index else 21 for i in range(len(nodes))]
+        )
+        described.append({"id": index, "socket": index, "cpus": cpus, "cores": [[c] for c in cpus],
+                          "memory_mb": gb * 1024, "distances": row})  # fmt: skip
+    return {"schema": 1, "nodes": described, "gpus": []}
+
+
+def test_auto_places_sn_on_a_node_the_model_fits_not_the_one_with_most_cores():
+    # Node 0 has more cores but 16 GB cannot hold a 20 GB model; node 1 (64 GB) can.
+    result = plan(synthetic([(16, 16), (8, 64)]), PlanRequest(layout="auto", model_gb=20))
+    assert result["layout"] == "sn"
+    assert [rank["node"] for rank in result["instances"][0]["ranks"]] == [1]
+
+
+def test_tp_takes_the_nodes_closest_to_each_other_by_the_distance_matrix():
+    # A ring of four sockets: 0-2-1-3-0. Nodes 0 and 1 are two hops apart.
+    ring = [[10, 32, 21, 21], [32, 10, 21, 21], [21, 21, 10, 32], [21, 21, 32, 10]]
+    result = plan(synthetic([(8, 64)] * 4, ring), PlanRequest(layout="tp", ranks=2, model_gb=8))
+    assert result["instances"][0]["membind"] == [0, 2]
+    # Where the model needs two nodes, auto shards it over neighbours too.
+    auto = plan(synthetic([(8, 16)] * 4, ring), PlanRequest(layout="auto", model_gb=20))
+    assert auto["layout"] == "tp" and auto["instances"][0]["membind"] == [0, 2]
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (PlanRequest(layout="auto", ranks=4), "ranks"),
+        (PlanRequest(layout="dp", port=65535), "port"),
+        (PlanRequest(layout="sn", port=0), "port"),
+        (PlanRequest(layout="auto", concurrency=-4, crossover=-9), "concurrency"),
+        (PlanRequest(layout="auto", crossover=float("nan")), "crossover"),
+        (PlanRequest(layout="sn", model_gb=float("inf")), "model_gb"),
+        (PlanRequest(layout="dp", ranks=0), "ranks"),
+    ],
+    ids=[
+        "auto-ignores-ranks",
+        "dp-backend-ports",
+        "port-0",
+        "negative-load",
+        "nan",
+        "inf",
+        "0-ranks",
+    ],
+)
+def test_numbers_no_plan_can_use_are_refused_naming_the_input(topo, request_, field):
+    with pytest.raises(PlanError) as refused:
+        plan(topo("r730"), request_)
+    assert refused.value.field == field

@@ -25,6 +25,7 @@ Rules (see README, "The plan"):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -92,6 +93,7 @@ class _Node:
     id: int
     gb: float
     cores: list[list[int]]  # online logical CPUs of each physical core
+    distances: dict[int, int]  # node id -> NUMA distance from this node
 
 
 def default_reserve_cores(core_count: int) -> int:
@@ -110,11 +112,18 @@ def _cpu_nodes(topo: dict) -> list[_Node]:
     try:
         if topo["schema"] != 1:
             raise PlanError("topology", f"topology schema {topo['schema']!r} is not 1")
+        ids = [int(n["id"]) for n in topo["nodes"]]
         nodes = [
-            _Node(int(n["id"]), n["memory_mb"] / 1024, [list(c) for c in n["cores"]])
-            for n in topo["nodes"]
+            _Node(
+                node_id,
+                n["memory_mb"] / 1024,
+                [list(c) for c in n["cores"]],
+                # A node's row of the distance matrix, in node id order.
+                dict(zip(sorted(ids), n.get("distances") or [], strict=False)),
+            )
+            for node_id, n in zip(ids, topo["nodes"], strict=True)
         ]
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise PlanError("topology", f"malformed topology: missing or bad {exc}") from exc
     with_cpus = [n for n in nodes if n.cores]
     if not with_cpus:
@@ -159,6 +168,20 @@ def _describe_counts(what: str, counts: list[int]) -> list[str]:
     return shown
 
 
+def _spread_cost(group: tuple[_Node, ...]) -> int:
+    """Sum of the NUMA distances between every pair of nodes (unknown: the local 10)."""
+    return sum(a.distances.get(b.id, 10) for a, b in itertools.combinations(group, 2))
+
+
+def _closest(nodes: list[_Node], count: int) -> list[_Node]:
+    """The `count` nodes closest to each other by the distance matrix (ties: lowest ids), so
+    a TP group on a ring of four sockets takes neighbours, not the lowest node numbers."""
+    if count >= len(nodes):
+        return list(nodes)
+    best = min(itertools.combinations(nodes, count), key=_spread_cost)
+    return sorted(best, key=lambda n: n.id)
+
+
 def _place_ranks(
     nodes: list[_Node], ranks: int, request: PlanRequest, split: bool, what: str, equal: bool
 ) -> list[dict]:
@@ -174,8 +197,9 @@ def _place_ranks(
             _describe_counts(what, valid),
         )
     per_node = 1 if ranks <= len(nodes) else ranks // len(nodes)
-    chosen = nodes[: ranks // per_node]
-    chosen_usable = usable[: len(chosen)]
+    # TP ranks talk after every layer: keep the group on nodes close to each other.
+    chosen = _closest(nodes, ranks // per_node) if equal else nodes[: ranks // per_node]
+    chosen_usable = [usable[nodes.index(node)] for node in chosen]
     # TP ranks run in lockstep, so the slowest rank sets the pace: give all the same count.
     width = min(chosen_usable)
     placed = []
@@ -227,13 +251,17 @@ def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: in
     }
 
 
+def _holds(node: _Node, weights_gb: float) -> bool:
+    return node.gb - os_reserve_gb(node.gb) - weights_gb >= MIN_KV_GB
+
+
 def _fits_one_node(nodes: list[_Node], model_gb: float) -> bool:
-    return any(n.gb - os_reserve_gb(n.gb) - model_gb >= MIN_KV_GB for n in nodes)
+    return any(_holds(n, model_gb) for n in nodes)
 
 
 def _smallest_tp(nodes: list[_Node], model_gb: float) -> int | None:
     for ranks in range(2, len(nodes) + 1):
-        if all(n.gb - os_reserve_gb(n.gb) - model_gb / ranks >= MIN_KV_GB for n in nodes[:ranks]):
+        if all(_holds(n, model_gb / ranks) for n in _closest(nodes, ranks)):
             return ranks
     return None
 
@@ -243,6 +271,13 @@ def _decide(nodes: list[_Node], request: PlanRequest) -> tuple[str, int | None, 
     size = f"model {request.model_gb:g} GB"
     if request.layout != "auto":
         return request.layout, request.ranks, f"layout {request.layout} requested"
+    if request.ranks is not None:
+        raise PlanError(
+            "ranks",
+            f"layout auto chooses the rank count itself, so {request.ranks} ranks would be "
+            "ignored: drop the ranks, or choose the layout",
+            [f"layout tp ranks {request.ranks}", f"layout dp ranks {request.ranks}"],
+        )
     if not _fits_one_node(nodes, request.model_gb):
         tp = _smallest_tp(nodes, request.model_gb)
         if tp is None:
@@ -288,6 +323,22 @@ def _decide(nodes: list[_Node], request: PlanRequest) -> tuple[str, int | None, 
     )
 
 
+MAX_PORT = 65535
+
+
+def _check_numbers(request: PlanRequest) -> None:
+    """Refuse numbers no plan can use, naming the input: negative or non-finite sizes and
+    loads, rank counts below one, ports outside 1-65535."""
+    for name in ("model_gb", "concurrency", "crossover"):
+        value = getattr(request, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise PlanError(name, f"{name.replace('_', ' ')} {value!r} must be a number >= 0")
+    if request.ranks is not None and request.ranks < 1:
+        raise PlanError("ranks", f"ranks {request.ranks} must be at least 1")
+    if not 1 <= request.port <= MAX_PORT:
+        raise PlanError("port", f"port {request.port} is not in 1-{MAX_PORT}")
+
+
 def plan(topo: dict, request: PlanRequest) -> dict:
     """Place vLLM on the host described by `topo`; raises PlanError on a request it cannot meet."""
     if request.layout not in LAYOUTS:
@@ -298,8 +349,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         raise PlanError(
             "dp_mode", f"unknown DP mode {request.dp_mode!r}", [f"dp mode {x}" for x in DP_MODES]
         )
-    if request.model_gb < 0:
-        raise PlanError("model_gb", f"model size {request.model_gb:g} GB is negative")
+    _check_numbers(request)
     nodes = _cpu_nodes(topo)
     layout, ranks, reason = _decide(nodes, request)
     port = request.port
@@ -308,10 +358,11 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     if layout == "sn":
         if ranks not in (None, 1):
             raise PlanError("ranks", f"SN runs one rank, not {ranks}", ["layout tp", "layout dp"])
-        # The node the GPUs hang off serves (cross-node access costs 15-30 %), else the
-        # node with the most cores; ties go to the lowest id.
+        # Among the nodes the model fits: the node the GPUs hang off serves (cross-node
+        # access costs 15-30 %), else the node with the most cores; ties go to the lowest id.
         gpus = [g.get("numa_node") for g in topo.get("gpus", [])]
-        best = sorted(nodes, key=lambda n: (-gpus.count(n.id), -len(n.cores), n.id))[:1]
+        candidates = [n for n in nodes if _holds(n, request.model_gb)] or nodes
+        best = sorted(candidates, key=lambda n: (-gpus.count(n.id), -len(n.cores), n.id))[:1]
         placed = _place_ranks(best, 1, request, False, "SN", equal=False)
         instances = [
             _instance("vllm-sn", port, placed, 1, 1, _kv_for(placed, request.model_gb, request))
@@ -341,6 +392,14 @@ def plan(topo: dict, request: PlanRequest) -> dict:
                 "balance": "leastconn",
                 "backends": [i["port"] for i in instances],
             }
+    highest = max(i["port"] for i in instances)
+    if highest > MAX_PORT:
+        raise PlanError(
+            "port",
+            f"port {port} leaves no room for the {len(instances)} DP backends on the ports "
+            f"after it (up to {highest}, above {MAX_PORT})",
+            [f"port {MAX_PORT - len(instances)}"],
+        )
     used = sorted({r["node"] for r in placed})
     node_uses = [_node_use(n, placed) for n in nodes if n.id in used]
     reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
