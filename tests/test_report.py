@@ -214,6 +214,64 @@ def test_a_third_layout_that_overtakes_later_gets_its_own_range(tmp_path):
     assert 6 < rec[1]["max_rate"] < 8
 
 
+def test_a_later_layout_ahead_everywhere_it_competes_takes_that_range(tmp_path):
+    # SN -> DP between 2 and 3; dp-vllm is 14-40 % ahead of DP at every rate from 3 up.
+    rates = (1, 2, 3, 4, 6)
+    run = sweep(
+        tmp_path / "run",
+        {"sn": [4, 6, 6, 6, 6], "dp": [4, 5.5, 8, 9, 10], "dp-vllm": [4, 5, 9.2, 11, 14]},
+        rates=rates,
+    )
+    decisions = analysis.analyse(run)
+    rec = decisions["recommendation"]
+    assert [(r["layout"], r["max_rate"] is None) for r in rec] == [("sn", False), ("dp-vllm", True)]
+    assert 2 < rec[0]["max_rate"] < 3
+    assert rec[1]["rule"].startswith(f"dp-vllm above {rec[0]['max_rate']:g} req/s")
+    assert decisions["not_recommended"]["dp"].startswith("dp-vllm is ahead of it wherever")
+
+
+def test_one_tied_point_between_leads_does_not_void_the_crossover(tmp_path):
+    # DP 1.3-2.4x SN at 4, 6 and 10, level at 8.
+    rates = (1, 2, 4, 6, 8, 10)
+    run = sweep(
+        tmp_path / "run",
+        {"sn": [4, 6, 6, 5, 5, 5], "dp": [4, 6, 7.8, 12, 5.05, 12]},
+        rates=rates,
+    )
+    decisions = analysis.analyse(run)
+    assert decisions["crossover_status"] == "found"
+    assert decisions["crossover_between"] == [2, 4]
+    assert [r["layout"] for r in decisions["recommendation"]] == ["sn", "dp"]
+    assert "level at 8 req/s between leads" in decisions["crossovers"]["dp"]["evidence"]
+    # Two ties in a row, or SN ahead at a point, still end the lead.
+    run = sweep(
+        tmp_path / "two",
+        {"sn": [4, 6, 6, 5, 5, 5], "dp": [4, 6, 7.8, 5.05, 5.05, 12]},
+        rates=rates,
+    )
+    assert analysis.analyse(run)["crossover_status"] == "unconfirmed"
+    run = sweep(
+        tmp_path / "behind",
+        {"sn": [4, 6, 6, 5, 5, 5], "dp": [4, 6, 7.8, 12, 4, 12]},
+        rates=rates,
+    )
+    assert analysis.analyse(run)["crossover_status"] == "unconfirmed"
+
+
+def test_closely_spaced_points_on_a_rising_line_are_not_saturation(tmp_path):
+    # Adaptive points: 1, 2, 3, then every 0.1 up to 6, throughput linear in the rate.
+    rates = [1.0, 2.0] + [round(3 + i / 10, 1) for i in range(31)]
+    run = sweep(tmp_path / "run", {"sn": [2 * r for r in rates]}, rates=rates)
+    saturation = analysis.analyse(run)["saturation"]["sn"]
+    assert saturation["status"] == "not-reached", saturation["evidence"]
+    # A real plateau at the same spacing is still found, within the 10 % margin of its knee.
+    flat = [2 * min(r, 4.0) for r in rates]
+    run = sweep(tmp_path / "flat", {"sn": flat}, rates=rates)
+    saturation = analysis.analyse(run)["saturation"]["sn"]
+    assert saturation["status"] == "confirmed"
+    assert 4.0 <= saturation["rate"] <= 4.4
+
+
 def test_repetitions_report_median_and_spread(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -338,17 +396,26 @@ def socketwise(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_writes_both_files_and_prints_the_decisions_as_json(r730):
-    done = socketwise("report", str(r730), "--json")
+def test_cli_prints_the_decisions_as_json_and_writes_both_files_without_it(r730):
+    before = sorted(p.name for p in r730.rglob("*"))
+    # --json analyses only: no plotting import, no file written.
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from socketwise.cli import main; code = main(sys.argv[1:]); "
+         "assert 'matplotlib' not in sys.modules, 'plotting imported'; sys.exit(code)",
+         "report", str(r730), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     decisions = json.loads(done.stdout)
     for key in ("crossover_rate", "crossover_between", "saturation", "recommendation"):
         assert key in decisions
     assert decisions["crossover_between"] == [4, 6]
     assert {"max_rate", "layout", "rule"} <= set(decisions["recommendation"][0])
-    assert (r730 / "report.md").is_file() and (r730 / "report.html").is_file()
+    assert sorted(p.name for p in r730.rglob("*")) == before
     done = socketwise("report", str(r730))
     assert done.returncode == 0 and "report.html" in done.stdout
+    assert (r730 / "report.md").is_file() and (r730 / "report.html").is_file()
 
 
 def test_cli_says_what_is_missing(tmp_path):

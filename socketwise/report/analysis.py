@@ -42,6 +42,9 @@ from socketwise.report.points import (
 TOLERANCE = 0.03
 CONFIRM_POINTS = 2
 GAIN = 0.05
+# Throughput is judged flat only against a load at least this much below: closely spaced
+# (adaptive) points on a rising line would otherwise each look like no gain.
+LOAD_MARGIN = 0.10
 TTFT_FACTOR = 3.0
 ERROR_SHARE = 0.01
 BASE_LAYOUT = "sn"
@@ -50,11 +53,13 @@ CROSSOVER_METHOD = (
     f"lowest measured load from which the challenger's median output tok/s is ahead of the "
     f"incumbent's (by more than {TOLERANCE:.0%} of the larger, and above its maximum when "
     f"both are repeated) at every higher load measured by both, on at least "
-    f"{CONFIRM_POINTS} loads; interpolated between the bracketing loads"
+    f"{CONFIRM_POINTS} loads; one tied point (neither ahead) between two leads does not "
+    f"break it; interpolated between the bracketing loads"
 )
 SATURATION_METHOD = (
     f"last load before the first point that departs, persistently (the next point departs "
-    f"too): throughput not above {1 + GAIN:g}x the best so far, TTFT p50 above "
+    f"too): throughput not above {1 + GAIN:g}x the best so far at a load at least "
+    f"{LOAD_MARGIN:.0%} above that best's, TTFT p50 above "
     f"{TTFT_FACTOR:g}x its lowest-load value (by rate only: in a closed loop latency grows "
     f"with concurrency by construction), or more than {ERROR_SHARE:.0%} failed (medians)"
 )
@@ -86,17 +91,30 @@ def overtake(incumbent: list[Point], challenger: list[Point], axis: str, names: 
         return result
     ahead = [_ahead(ch[x], inc[x]) for x in common]
     result["ahead_at"] = [x for x, is_ahead in zip(common, ahead, strict=True) if is_ahead]
+    # One tied point with a lead on both sides is noise, not the end of the lead.
+    bridged = [
+        0 < i < len(common) - 1
+        and ahead[i - 1]
+        and ahead[i + 1]
+        and not ahead[i]
+        and not _ahead(inc[common[i]], ch[common[i]])
+        for i in range(len(common))
+    ]
     first = len(common)
-    while first > 0 and ahead[first - 1]:
+    while first > 0 and (ahead[first - 1] or bridged[first - 1]):
         first -= 1
-    lead = common[first:]
-    spikes = [x for x in result["ahead_at"] if x not in lead]
+    sustained = common[first:]  # the lead that lasts to the top, bridged ties included
+    lead = [x for x in sustained if x in result["ahead_at"]]
+    spikes = [x for x in result["ahead_at"] if x not in sustained]
+    ties = [x for x in sustained if x not in lead]
     spike_note = (
         f"; its lead at {fmt_loads(spikes)} {unit} is not sustained at higher load, so it does "
         f"not count"
         if spikes
         else ""
     )
+    if ties:
+        spike_note += f"; level at {fmt_loads(ties)} {unit} between leads, which does not end them"
     pairs = "; ".join(
         f"{fmt_load(x)}: {fmt_num(ch[x].tok)} vs {fmt_num(inc[x].tok)}" for x in common
     )
@@ -121,7 +139,7 @@ def overtake(incumbent: list[Point], challenger: list[Point], axis: str, names: 
         result["evidence"] = (
             f"{ch_name} is ahead of {inc_name} by more than {TOLERANCE:.0%} at every measured "
             f"{axis} ({fmt_loads(common)} {unit}), so any crossover lies below "
-            f"{fmt_load(common[0])}{tok}"
+            f"{fmt_load(common[0])}{spike_note}{tok}"
         )
     else:
         low, high = common[first - 1], common[first]
@@ -161,10 +179,11 @@ def recommend(curves: Curves, axis: str) -> dict:
             if incumbent == base:
                 result, accepted = crossovers[name], ("found", "ahead-everywhere")
             else:
-                # A later challenger must overtake the new incumbent where it already leads.
+                # A later challenger must overtake the new incumbent where it leads; one
+                # ahead of it everywhere there takes the incumbent's whole range.
                 above = [p for p in curves[incumbent] if p.load >= floor]
                 result = overtake(above, curves[name], axis, (incumbent, name))
-                accepted = ("found",)
+                accepted = ("found", "ahead-everywhere")
             if result["status"] in accepted:
                 options[name] = result
         if not options:
@@ -177,12 +196,21 @@ def recommend(curves: Curves, axis: str) -> dict:
             ),
         )
         switches.append((incumbent, name, options[name]))
-        floor = options[name]["between"][1] if options[name]["between"] else 0.0
+        # Ahead everywhere above the floor: the next challenger is judged from there too.
+        floor = options[name]["between"][1] if options[name]["between"] else floor
         incumbent = name
     ranges = _ranges(curves, axis, base, switches)
     chosen = {r["layout"] for r in ranges}
+    # A layout that another is ahead of everywhere it would have held.
+    displaced = {
+        held: f"{taker} is ahead of it wherever it would hold: {result['evidence']}"
+        for held, taker, result in switches
+        if result["status"] == "ahead-everywhere" and held != base
+    }
     not_recommended = {
-        name: crossovers[name]["evidence"] if name != base else _base_loses(base, crossovers)
+        name: displaced.get(name, crossovers[name]["evidence"])
+        if name != base
+        else _base_loses(base, crossovers)
         for name in layouts
         if name not in chosen
     }
@@ -226,6 +254,9 @@ def _ranges(curves: Curves, axis: str, base: str, switches: list) -> list[dict]:
             f"{taker} above {fmt_load(result[axis])} {unit}: ahead of {held} {margin} at every "
             f"measured {axis} from {fmt_load(result['between'][1])} to {fmt_load(top)} {unit}"
         )
+    elif since is not None:
+        # Ahead of a later incumbent everywhere it led: it takes over where that one did.
+        rule = f"{taker} above {fmt_load(since)} {unit}: {result['evidence']}"
     else:
         rule = f"{taker} at every measured {axis}: {result['evidence']}"
     ranges.append({bound: None, "layout": taker, "rule": rule})
@@ -257,14 +288,15 @@ def saturation(points: list[Point], axis: str) -> dict:
         entry["evidence"] = f"one measured {axis}: a saturation point needs at least two"
         return entry
     base_ttft = points[0].median("ttft_p50_ms")
-    best = points[0].tok
+    best = points[0]
     signals: list[list[str]] = [[]]
     for point in points[1:]:
         reasons = []
-        if point.tok <= best * (1 + GAIN):
+        grown = point.load >= best.load * (1 + LOAD_MARGIN)
+        if grown and point.tok <= best.tok * (1 + GAIN):
             reasons.append(
                 f"{fmt_num(point.tok)} tok/s at {fmt_load(point.load)} is no gain over the best "
-                f"{fmt_num(best)} so far"
+                f"{fmt_num(best.tok)} so far (at {fmt_load(best.load)})"
             )
         ttft = point.median("ttft_p50_ms")
         # In a closed loop latency grows with concurrency by construction (Little's law),
@@ -279,7 +311,8 @@ def saturation(points: list[Point], axis: str) -> dict:
         if share is not None and share > ERROR_SHARE:
             reasons.append(f"{share:.0%} of requests failed at {fmt_load(point.load)}")
         signals.append(reasons)
-        best = max(best, point.tok)
+        if point.tok > best.tok:
+            best = point
     for i in range(1, len(points)):
         if not signals[i]:
             continue

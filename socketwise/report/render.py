@@ -55,12 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        analysis, markdown, page = _write(args.run_dir)
+        if args.json:
+            # The decisions only: nothing is written and nothing is plotted.
+            print(json.dumps(analyse(args.run_dir), indent=2))
+            return 0
+        _, markdown, page = _write(args.run_dir)
     except rundir.RunDirError as exc:
         print(f"socketwise report: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(analysis, indent=2))
-    else:
-        print(f"wrote {markdown} and {page}")
+    print(f"wrote {markdown} and {page}")
     return 0
