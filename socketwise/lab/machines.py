@@ -61,9 +61,10 @@ from socketwise.lab.nspawn import (
     KILL_TIMEOUT_S,
     PROC_WRITABLE_ENV,
     container_inits,
+    enter_cgroups,
     machine_cgroups,
     nspawn_processes,
-    proc_writable,
+    proc_is_writable,
     remove_lab_cgroups,
     remove_nspawn_leftovers,
     remove_tree,
@@ -226,7 +227,7 @@ def _boot(machine: Machine, proc_writable: bool) -> None:
         env[PROC_WRITABLE_ENV] = "1"
     # The lab needs no machined; where PID 1 is not systemd there is none to register with.
     argv = ["systemd-nspawn", "--register=no"]
-    enter_cgroups = None
+    preexec = None
     # Where PID 1 is systemd, nspawn asks it for a scope of its own per machine.
     if not systemd_is_pid1():
         # Elsewhere, --keep-unit nests nspawn's supervisor/payload cgroups in the caller's
@@ -237,7 +238,7 @@ def _boot(machine: Machine, proc_writable: bool) -> None:
         cgroups = machine_cgroups(machine.name)
         for cgroup in cgroups:
             cgroup.mkdir(parents=True, exist_ok=True)
-        enter_cgroups = functools.partial(enter_cgroups, cgroups)
+        preexec = functools.partial(enter_cgroups, cgroups)
     # The console goes to the log whether or not `up` runs in a terminal.
     argv += ["--console=read-only", "-M", machine.name, "-D", str(machine.directory), "-b"]
     machine.console_log.parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +251,7 @@ def _boot(machine: Machine, proc_writable: bool) -> None:
             env=env,
             # Its own session: Ctrl-C on `lab up` must not shoot the machines it started.
             start_new_session=True,
-            preexec_fn=enter_cgroups,
+            preexec_fn=preexec,
         )
     _children[machine.name] = child
     machine.pid = child.pid
@@ -393,7 +394,7 @@ def status() -> list[Machine]:
         machine.pid = nspawns.get(name)
         machine.running = name in nspawns or name in inits
         if machine.pid is not None:
-            machine.proc_writable = proc_writable(machine.pid)
+            machine.proc_writable = proc_is_writable(machine.pid)
             recorded = state.get(name, {})
             system_state = recorded.get("system_state")
             if recorded.get("pid") == machine.pid and isinstance(system_state, str):
@@ -556,14 +557,14 @@ def _handle_errors(
 ) -> Callable[[argparse.Namespace], int]:
     """A LabError is a message for the user, not a traceback."""
 
-    def run(args: argparse.Namespace) -> int:
+    def guarded(args: argparse.Namespace) -> int:
         try:
             return command(args)
         except LabError as error:
             print(f"socketwise lab: {error}", file=sys.stderr)
             return 1
 
-    return run
+    return guarded
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -178,7 +178,7 @@ def remove_lab_cgroups() -> None:
                     time.sleep(0.2)
 
 
-def proc_writable(nspawn_pid: int) -> bool | None:
+def proc_is_writable(nspawn_pid: int) -> bool | None:
     try:
         environ = Path(f"/proc/{nspawn_pid}/environ").read_bytes().split(b"\0")
     except OSError:

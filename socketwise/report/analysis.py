@@ -36,7 +36,7 @@ from socketwise.report.points import (
     group,
     layout_key,
     rounded,
-    total,
+    sum_counts,
 )
 
 TOLERANCE = 0.03
@@ -394,7 +394,7 @@ def errors(axes: dict[str, Curves]) -> dict:
     counted = [s["failed"] for s in steps if s["failed"] is not None]
     return {
         "failed": sum(counted) if counted else None,
-        "completed": total([s["completed"] for s in steps]),
+        "completed": sum_counts([s["completed"] for s in steps]),
         "steps_with_failures": [s for s in steps if s["failed"]],
     }
 

@@ -49,7 +49,7 @@ def _spread(values: list[float | None]) -> dict[str, float] | None:
     return {"median": statistics.median(known), "min": min(known), "max": max(known)}
 
 
-def total(values: list[int | None]) -> int | None:
+def sum_counts(values: list[int | None]) -> int | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
 
@@ -63,8 +63,8 @@ def points_of(steps: list[rundir.Step]) -> list[Point]:
             load=load,
             repetitions=len(reps),
             stats={m: _spread([getattr(s, m) for s in reps]) for m in rundir.METRICS},
-            completed=total([s.completed for s in reps]),
-            failed=total([s.failed for s in reps]),
+            completed=sum_counts([s.completed for s in reps]),
+            failed=sum_counts([s.failed for s in reps]),
         )
         for load, reps in sorted(by_load.items())
     ]

@@ -16,10 +16,10 @@ def knobs(
     governor: str | None,
     max_latency_us: int | None,
 ) -> list[Knob]:
-    knobs: list[Knob] = []
+    planned: list[Knob] = []
     for node in sorted(serving):
         cpus = list(nodes[node]["cpus"])
-        knobs.append(
+        planned.append(
             {
                 "name": f"cpu_governor.node{node}",
                 "kind": "cpu_governor",
@@ -28,7 +28,7 @@ def knobs(
                 "desired": governor,
             }
         )
-        knobs.append(
+        planned.append(
             {
                 "name": f"cpuidle.node{node}",
                 "kind": "cpuidle",
@@ -37,7 +37,7 @@ def knobs(
                 "desired": max_latency_us,
             }
         )
-    return knobs
+    return planned
 
 
 class CpuGovernor(Kind):

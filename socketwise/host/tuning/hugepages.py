@@ -34,11 +34,11 @@ def knobs(
         variable = "hugepages_gb_per_node"
     else:
         pages, variable = None, ""
-    knobs: list[Knob] = []
+    planned: list[Knob] = []
     for node in sorted(serving):
         if pages:
             _check_room(nodes[node], plan, size_kb, pages, variable)
-        knobs.append(
+        planned.append(
             {
                 "name": f"hugepages.node{node}.{size_kb}kB",
                 "kind": "hugepages",
@@ -47,7 +47,7 @@ def knobs(
                 "desired": pages,
             }
         )
-    return knobs
+    return planned
 
 
 def _check_room(node: dict, plan: dict, size_kb: int, pages: int, variable: str) -> None:
