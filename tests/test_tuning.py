@@ -368,6 +368,34 @@ def test_restore_puts_every_original_back_and_removes_the_backup(r730_host):
     assert not nothing["changed"] and nothing["report"]["knobs"] == []
 
 
+@pytest.mark.parametrize(
+    "original",
+    [
+        '# Set by hand\nIRQBALANCE_ONESHOT=0\nIRQBALANCE_BANNED_CPULIST="1,3"\n# keep this\n',
+        None,
+    ],
+    ids=["edited-file", "no-file"],
+)
+def test_irqbalance_config_is_restored_byte_for_byte(r730_host, original):
+    host, spec, root, systemd = r730_host
+    config = root / "etc/default/irqbalance"
+    if original is None:
+        config.unlink()
+    else:
+        config.write_text(original)
+        config.chmod(0o640)
+    tune(host, spec, BACKUP)
+    assert "IRQBALANCE_BANNED_CPULIST=0,2,4," in config.read_text()
+    outcome = restore(host, BACKUP)
+    assert by_name(outcome["report"])["irqbalance"]["status"] == "restored"
+    if original is None:
+        assert not config.exists(), "a file socketwise created is removed again"
+    else:
+        assert config.read_text() == original
+        assert config.stat().st_mode & 0o777 == 0o640
+    assert not list(config.parent.glob(".*partial"))
+
+
 def test_irqbalance_stop_is_undone_by_restore(r730_host, facts):
     host, _, root, systemd = r730_host
     topology, sn, _ = facts("r730", layout="sn", model_gb=8)

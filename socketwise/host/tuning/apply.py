@@ -118,7 +118,11 @@ def tune(host: Host, spec: Spec, backup: str | None, check: bool = False) -> Out
     changed = False
     if backup and any(look.pending for look in looks):
         fresh = {
-            look.knob["name"]: {"knob": look.knob, "original": look.current}
+            look.knob["name"]: {
+                "knob": look.knob,
+                "original": look.current,
+                "snapshot": KINDS[look.knob["kind"]].snapshot(host, look.knob),
+            }
             for look in looks
             if look.reason is None
             and look.knob["desired"] is not None
@@ -174,7 +178,7 @@ def restore(host: Host, backup: str, check: bool = False) -> Outcome:
                 if check:
                     after = original
                 else:
-                    kind.restore(host, knob, current, original)
+                    kind.put_back(host, knob, current, original, saved.get("snapshot"))
                     after = kind.read(host, knob)
             except Unavailable as exc:
                 status, reason = UNAVAILABLE, str(exc)

@@ -155,6 +155,30 @@ class Host:
                 f"writing {text.strip()!r} to /{relative.lstrip('/')}: {exc.strerror}", exc.errno
             ) from None
 
+    def replace(self, relative: str, text: str | None) -> bool:
+        """Make the file hold exactly `text` (None: no file), written atomically with the
+        mode it had (else 0644). Whether it changed."""
+        path = self.path(relative)
+        try:
+            old = path.read_text() if path.is_file() else None
+            if old == text:
+                return False
+            if text is None:
+                path.unlink()
+                return True
+            mode = path.stat().st_mode & 0o7777 if old is not None else 0o644
+            partial = path.with_name(f".{path.name}.socketwise-partial")
+            partial.write_text(text)
+            partial.chmod(mode)
+            partial.replace(path)
+        except OSError as exc:
+            if exc.errno in _NOT_ALLOWED:
+                raise Unavailable(_read_only_reason(relative)) from None
+            raise KnobError(
+                f"replacing /{relative.lstrip('/')}: {exc.strerror}", exc.errno
+            ) from None
+        return True
+
     def systemctl(self, *args: str) -> str:
         rc, out, err = self.run(["systemctl", *args])
         # is-active/is-enabled answer with their exit code; their stdout is the answer.
@@ -196,6 +220,15 @@ class Kind:
 
     def restored(self, current: Any, original: Any) -> bool:
         return current == original
+
+    def snapshot(self, host: Host, knob: Knob) -> Any:
+        """What the host has beyond the knob's value that restoring must put back exactly
+        (recorded with the original before the first change); None: the value is enough."""
+        return None
+
+    def put_back(self, host: Host, knob: Knob, current: Any, original: Any, snapshot: Any) -> None:
+        """Restore the original, from the snapshot where one was recorded."""
+        self.restore(host, knob, current, original)
 
     def boot_only(self, knob: Knob) -> bool:
         """Whether the knob takes effect only at the next boot (never written at run time)."""

@@ -262,13 +262,30 @@ class Irqbalance(Kind):
     def apply(self, host: Host, knob: Knob, current: Any, desired: Any) -> None:
         self.restore(host, knob, current, self.predict(knob, current, desired))
 
+    def snapshot(self, host: Host, knob: Knob) -> Any:
+        # Its config byte for byte (or that there was none), so restoring leaves no trace.
+        path = host.path(self.config)
+        return {"config": path.read_text() if path.is_file() else None}
+
+    def put_back(self, host: Host, knob: Knob, current: Any, original: Any, snapshot: Any) -> None:
+        if snapshot is None:  # recorded by a release that kept no snapshot
+            self.restore(host, knob, current, original)
+            return
+        config_changed = host.replace(self.config, snapshot["config"])
+        self._set_service(host, current, original, config_changed)
+
     def restore(self, host: Host, knob: Knob, current: Any, original: Any) -> None:
         banned_changed = original["banned_cpulist"] != current["banned_cpulist"]
         if banned_changed:
             self._write_banned(host, original["banned_cpulist"])
+        self._set_service(host, current, original, banned_changed)
+
+    def _set_service(self, host: Host, current: Any, original: Any, reread: bool) -> None:
+        """Enable/disable and start/stop as in `original`; restart a running one whose
+        config changed (`reread`)."""
         if original["enabled"] != current["enabled"]:
             host.systemctl("enable" if original["enabled"] else "disable", self.unit)
-        if original["active"] and (banned_changed or not current["active"]):
+        if original["active"] and (reread or not current["active"]):
             host.systemctl("restart", self.unit)
         elif not original["active"] and current["active"]:
             host.systemctl("stop", self.unit)
