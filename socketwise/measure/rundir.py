@@ -107,18 +107,32 @@ def _axis_and_load(path: Path, line: int, row: Mapping[str, str]) -> tuple[str, 
 
 
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterable[tuple[int, dict[str, str]]]:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise RunDirError(
-                f"{path}: missing column(s) {', '.join(missing)}; the header must hold "
-                f"{','.join(columns)}"
-            )
-        for row in reader:
-            if not any((value or "").strip() for value in row.values()):
-                continue
-            yield reader.line_num, row
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                raise RunDirError(
+                    f"{path}: missing column(s) {', '.join(missing)}; the header must hold "
+                    f"{','.join(columns)}"
+                )
+            width = len(reader.fieldnames or [])
+            for row in reader:
+                # DictReader files extra cells under the key None, missing ones as None.
+                extra = row.pop(None, [])  # type: ignore[call-overload]
+                cells = width + len(extra) - sum(value is None for value in row.values())
+                if cells != width:
+                    raise RunDirError(
+                        f"{path}: line {reader.line_num}: {cells} cells under a header of "
+                        f"{width}; give every row exactly the header's columns"
+                    )
+                if not any(value.strip() for value in row.values()):
+                    continue
+                yield reader.line_num, row
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise RunDirError(f"{path}: not CSV: {exc}") from None
 
 
 def read_summary(run_dir: str | Path) -> list[Step]:
@@ -183,12 +197,15 @@ def read_manifest(run_dir: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise RunDirError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
         raise RunDirError(f'{path}: expected an object with "schema": {MANIFEST_SCHEMA}')
-    if not isinstance(manifest.get("hosts", {}), dict):
+    hosts = manifest.get("hosts", {})
+    if not isinstance(hosts, dict) or not all(isinstance(v, dict) for v in hosts.values()):
         raise RunDirError(f'{path}: "hosts" must map host names to objects')
     return manifest
 

@@ -27,7 +27,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from socketwise.common import paths
-from socketwise.measure.rundir import POWER_COLUMNS, SUMMARY_COLUMNS, power_rows, write_csv
+from socketwise.measure.rundir import (
+    POWER_COLUMNS,
+    SUMMARY_COLUMNS,
+    RunDirError,
+    power_rows,
+    write_csv,
+)
 
 # Layout names of a sweep -> the deploy.yml variables that select them.
 # The benchmark role's per-step task, whose loop items mark the sweep's progress.
@@ -471,17 +477,42 @@ def register(
     parser.set_defaults(func=functools.partial(_run, write_report=write_report))
 
 
-def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]]) -> int:
-    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    profile = Profile(
-        concurrencies=[int(x) for x in args.concurrencies.split(",") if x],
-        rate_fractions=[float(x) for x in args.rate_fractions.split(",") if x],
+def _numbers(flag: str, text: str, kind: type) -> list:
+    """A comma list of numbers above 0, or a SweepError naming the flag."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        kind_name = "whole numbers" if kind is int else "numbers"
+        raise SweepError(f"{flag} {text!r}: give a comma list of {kind_name} above 0")
+    return values
+
+
+def _profile(args: argparse.Namespace) -> Profile:
+    for flag, value in (
+        ("--input-len", args.input_len),
+        ("--output-len", args.output_len),
+        ("--step-seconds", args.step_seconds),
+        ("--repetitions", args.repetitions),
+        ("--rounds", args.rounds),
+    ):
+        if not (math.isfinite(value) and value > 0):
+            raise SweepError(f"{flag} {value!r}: give a number above 0")
+    return Profile(
+        concurrencies=_numbers("--concurrencies", args.concurrencies, int),
+        rate_fractions=_numbers("--rate-fractions", args.rate_fractions, float),
         input_len=args.input_len,
         output_len=args.output_len,
         step_seconds=args.step_seconds,
         repetitions=args.repetitions,
     )
+
+
+def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]]) -> int:
+    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
+        profile = _profile(args)
         sweep(
             args.inventory, args.layouts.split(","), run_dir, profile,
             not args.no_restore, args.mode, args.rounds, args.tool,
@@ -490,6 +521,10 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
         print(f"socketwise sweep: error: {exc}", file=sys.stderr)
         return 2
     print(f"[sweep] run directory {run_dir}")
-    for written in write_report(run_dir):
-        print(f"[sweep] wrote {written}")
+    try:
+        for written in write_report(run_dir):
+            print(f"[sweep] wrote {written}")
+    except (RunDirError, OSError) as exc:
+        print(f"socketwise sweep: error: the report of {run_dir}: {exc}", file=sys.stderr)
+        return 2
     return 0

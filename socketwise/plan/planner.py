@@ -108,23 +108,68 @@ def os_reserve_gb(node_gb: float) -> float:
     return max(1.0, 0.1 * node_gb)
 
 
+def _malformed(where: str, what: str) -> PlanError:
+    return PlanError(
+        "topology",
+        f"malformed topology: {where} {what}; give the document `socketwise topology` "
+        'prints (schema 1, README "Topology facts")',
+    )
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_topology(topo: object) -> None:
+    """The keys the planner reads, each of the type it needs, named where one is not."""
+    if not isinstance(topo, dict):
+        raise _malformed("the document", "is not a JSON object")
+    if topo.get("schema") != 1:
+        raise _malformed("schema", f"is {topo.get('schema')!r}, not 1")
+    nodes = topo.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise _malformed("nodes", "must be a non-empty list")
+    for i, node in enumerate(nodes):
+        where = f"nodes[{i}]"
+        if not isinstance(node, dict):
+            raise _malformed(where, "is not an object")
+        if not _whole(node.get("id")) or node["id"] < 0:
+            raise _malformed(f"{where}.id", f"is {node.get('id')!r}, not a node number")
+        if not _number(node.get("memory_mb")) or node["memory_mb"] < 0:
+            raise _malformed(f"{where}.memory_mb", "must be a number of MB >= 0")
+        cores = node.get("cores")
+        if not isinstance(cores, list):
+            raise _malformed(f"{where}.cores", "must be a list of cores (lists of CPUs)")
+        for j, core in enumerate(cores):
+            if not isinstance(core, list) or not core or not all(_whole(c) for c in core):
+                raise _malformed(f"{where}.cores[{j}]", "must be a non-empty list of CPU numbers")
+        distances = node.get("distances", [])
+        if not isinstance(distances, list) or not all(_number(d) for d in distances):
+            raise _malformed(f"{where}.distances", "must be a list of numbers")
+    if len({node["id"] for node in nodes}) != len(nodes):
+        raise _malformed("nodes", "repeat a node id")
+    gpus = topo.get("gpus", [])
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+        raise _malformed("gpus", "must be a list of objects")
+
+
 def _cpu_nodes(topo: dict) -> list[_Node]:
-    try:
-        if topo["schema"] != 1:
-            raise PlanError("topology", f"topology schema {topo['schema']!r} is not 1")
-        ids = [int(n["id"]) for n in topo["nodes"]]
-        nodes = [
-            _Node(
-                node_id,
-                n["memory_mb"] / 1024,
-                [list(c) for c in n["cores"]],
-                # A node's row of the distance matrix, in node id order.
-                dict(zip(sorted(ids), n.get("distances") or [], strict=False)),
-            )
-            for node_id, n in zip(ids, topo["nodes"], strict=True)
-        ]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanError("topology", f"malformed topology: missing or bad {exc}") from exc
+    _check_topology(topo)
+    ids = sorted(n["id"] for n in topo["nodes"])
+    nodes = [
+        _Node(
+            n["id"],
+            n["memory_mb"] / 1024,
+            [list(c) for c in n["cores"]],
+            # A node's row of the distance matrix, in node id order.
+            dict(zip(ids, n.get("distances", []), strict=False)),
+        )
+        for n in topo["nodes"]
+    ]
     with_cpus = [n for n in nodes if n.cores]
     if not with_cpus:
         raise PlanError("topology", "topology has no NUMA node with online CPUs")
@@ -442,6 +487,7 @@ _FLAGS = {
     "crossover": "--crossover",
     "dp_mode": "--dp-mode",
     "topology": "--topology/--root",
+    "port": "--port",
 }
 
 
@@ -490,7 +536,9 @@ def _run(args: argparse.Namespace) -> int:
             ),
         )
     except PlanError as exc:
-        print(f"socketwise plan: error: {_FLAGS.get(exc.field, exc.field)}: {exc}", file=sys.stderr)
+        source = args.topology if exc.field == "topology" and args.topology else None
+        flag = f"--topology {source}" if source else _FLAGS.get(exc.field, exc.field)
+        print(f"socketwise plan: error: {flag}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
     return 0
@@ -503,6 +551,6 @@ def _load_topology(args: argparse.Namespace) -> dict:
         except topology.TopologyError as exc:
             raise PlanError("topology", str(exc)) from exc
     try:
-        return json.loads(args.topology.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        return json.loads(args.topology.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PlanError("topology", f"cannot read topology file {args.topology}: {exc}") from exc

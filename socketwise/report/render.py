@@ -63,5 +63,12 @@ def _run(args: argparse.Namespace) -> int:
     except rundir.RunDirError as exc:
         print(f"socketwise report: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(
+            f"socketwise report: error: cannot write the report: {exc.filename}: {exc.strerror}; "
+            "make RUN_DIR writable, or copy it somewhere that is",
+            file=sys.stderr,
+        )
+        return 2
     print(f"wrote {markdown} and {page}")
     return 0
