@@ -8,6 +8,7 @@ order on one machine, as a user would change layouts on one host.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -21,6 +22,7 @@ from socketwise.lab import machines as lab
 
 from .labs import fresh_lab
 from .playbooks import PlaybookRun, run_playbook
+from .test_unitvalues import HOSTILE_ARG, HOSTILE_ENV, render_vllm_unit
 
 pytestmark = pytest.mark.lab
 
@@ -107,8 +109,26 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
             # The role's argument spec refuses it before the planner sees it.
             "value of plan_layout must be one of: sn, tp, dp, auto, got: banana",
         ),
+        (
+            # A newline would start a unit line of its own: the service would run as root.
+            ["-e", json.dumps({"vllm_service_extra_args": ["--x\nUser=root"]})],
+            f"{HOST}: vllm_service_extra_args[0]='--x\\\\nUser=root': holds a newline",
+        ),
+        (
+            ["-e", json.dumps({"vllm_service_environment": {"MY VAR": "1"}})],
+            f"{HOST}: vllm_service_environment.MY VAR='MY VAR': is not an environment variable",
+        ),
+        (["-e", "vllm_user=root"], f"{HOST}: vllm_user='root': is root or not a user name"),
     ],
-    ids=["model-missing", "tp-too-wide", "kv-too-big", "unknown-layout"],
+    ids=[
+        "model-missing",
+        "tp-too-wide",
+        "kv-too-big",
+        "unknown-layout",
+        "unit-injection",
+        "env-name-space",
+        "root-user",
+    ],
 )
 def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, words):
     run = deploy(artifacts, *extra)
@@ -116,6 +136,32 @@ def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, word
     assert words in " ".join(run.output.split()), run.output[-3000:]
     assert on_host(machine, "test -e /opt/socketwise && echo installed || echo clean") == "clean"
     assert units(machine) == []
+
+
+def test_systemd_reads_every_quoted_value_as_written(machine):
+    # The template as the role renders it, with values full of what systemd interprets;
+    # loaded (not started) by the machine's real systemd, which reports what it parsed.
+    text = render_vllm_unit(
+        vllm_service_extra_args=["--note", HOSTILE_ARG],
+        vllm_service_environment={"PROBE": HOSTILE_ENV},
+    )
+    encoded = base64.b64encode(text.encode()).decode()
+    unit = "/etc/systemd/system/probe-quoting.service"
+    on_host(machine, f"echo {encoded} | base64 -d > {unit} && systemctl daemon-reload")
+    try:
+        environment = on_host(machine, "systemctl show -p Environment --value probe-quoting")
+        command = on_host(machine, "systemctl show -p ExecStart --value probe-quoting")
+        user = on_host(machine, "systemctl show -p User --value probe-quoting")
+    finally:
+        on_host(machine, f"rm -f {unit} && systemctl daemon-reload")
+    # `show` prints an entry with spaces in double quotes, escaping \\, " and $ with a
+    # backslash: one entry, the value exactly as given.
+    shown = HOSTILE_ENV.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    assert f'"PROBE={shown}"' in environment, environment
+    # It prints argv before exec, where `$$` becomes `$`; `%%`, quotes and backslashes
+    # are already resolved to the characters given.
+    assert f"--note {HOSTILE_ARG.replace('$', '$$')} --uvicorn-log-level" in command, command
+    assert user == "vllm"
 
 
 def test_a_port_held_by_another_program_stops_the_deploy(machine, artifacts):

@@ -1,0 +1,108 @@
+"""Values that reach a vLLM unit: refused when they cannot be made safe (a newline would
+start a new unit line), otherwise quoted so they stand for themselves. The lab test in
+test_deploy_lab.py loads such a unit into a real systemd and reads back what it parsed."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import jinja2
+import pytest
+from ansible.plugins.filter.core import comment
+
+from socketwise.plan.planner import PlanRequest, plan
+from socketwise.serve.unitvalues import quote, unit_value_errors
+
+REPO = Path(__file__).resolve().parent.parent
+# What a user may legitimately pass, with every character that means something to systemd.
+HOSTILE_ARG = '50% of $HOME "quoted" back\\slash'
+HOSTILE_ENV = 'a b %h ${HOME} "q"'
+SAFE = {
+    "vllm_service_extra_args": ["--max-num-seqs", "5"],
+    "vllm_service_environment": {"VLLM_PLUGINS": "zentorch"},
+    "vllm_model": "/opt/socketwise/models/tiny-llama",
+    "vllm_served_name": "tiny-llama",
+    "vllm_user": "vllm",
+    "vllm_home": "/opt/socketwise",
+    "vllm_venv": "/opt/socketwise/vllm",
+    "vllm_service_listen_address": "127.0.0.11",
+}
+
+
+def render_vllm_unit(**values: object) -> str:
+    """templates/vllm.service.j2 as the role renders it, for an SN plan of a 2-core host."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(REPO / "templates"),
+        keep_trailing_newline=True,
+        trim_blocks=True,  # as Ansible renders templates
+    )
+    environment.filters.update(comment=comment, systemd_quote=quote)
+    topology = {"schema": 1, "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}]}
+    sn = plan(topology, PlanRequest(layout="sn"))
+    variables = SAFE | {
+        "ansible_managed": "Ansible managed",
+        "socketwise_plan": sn,
+        "instance": sn["instances"][0],
+        "vllm_model_hf_id": "",
+        "vllm_service_dtype": "bfloat16",
+        "vllm_service_max_model_len": None,
+        "vllm_service_restart_sec": 10,
+    }
+    return environment.get_template("vllm.service.j2").render(variables | values)
+
+
+def test_quote_makes_one_literal_systemd_word():
+    assert quote("%h") == '"%%h"'
+    assert quote("$HOME") == '"$$HOME"'
+    assert quote("$HOME", command_line=False) == '"$HOME"'
+    assert quote('a "b" \\c') == '"a \\"b\\" \\\\c"'
+    with pytest.raises(ValueError, match="control character"):
+        quote("--x\nUser=root")
+
+
+def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
+    assert unit_value_errors(SAFE) == []
+    bad = SAFE | {
+        "vllm_service_extra_args": ["--x\nUser=root"],
+        "vllm_service_environment": {"MY VAR": "1", "OK": "line\nbreak"},
+        "vllm_user": "root",
+        "vllm_home": "/opt/my dir",
+        "vllm_served_name": "tiny llama",
+        "vllm_service_listen_address": "0.0.0.0\nUser=root",
+    }
+    errors = unit_value_errors(bad)
+    assert errors[0].startswith("vllm_service_extra_args[0]='--x\\nUser=root': holds a newline")
+    variables = [error.split("=", 1)[0] for error in errors]
+    assert variables == [
+        "vllm_service_extra_args[0]",
+        "vllm_service_environment.MY VAR",
+        "vllm_service_environment.OK",
+        "vllm_user",
+        "vllm_home",
+        "vllm_served_model_name",
+        "vllm_service_listen_address",
+    ]
+    assert all("; " in error for error in errors), "every refusal says what to do instead"
+
+
+def test_the_unit_with_hostile_but_legal_values_passes_systemd_analyze_verify(tmp_path):
+    text = render_vllm_unit(
+        vllm_service_extra_args=["--note", HOSTILE_ARG],
+        vllm_service_environment={"PROBE": HOSTILE_ENV},
+    )
+    assert "\nUser=vllm\n" in text and "User=root" not in text
+    unit = tmp_path / "socketwise-vllm-sn.service"
+    unit.write_text(text)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", f"{unit}:socketwise-vllm-sn.service"],
+        capture_output=True,
+        text=True,
+    )
+    # The venv's python does not exist on the controller; nothing else may be wrong.
+    problems = [
+        line
+        for line in done.stderr.splitlines()
+        if line.strip() and "/opt/socketwise/vllm/bin/python" not in line
+    ]
+    assert problems == [], done.stderr
