@@ -18,6 +18,7 @@ PATTERNS = (
     "sys/kernel/mm/transparent_hugepage/defrag",
     "sys/devices/system/node/node*/hugepages/hugepages-*/nr_hugepages",
     "proc/irq/*/smp_affinity_list",
+    "sys/devices/system/cpu/cpu*/cpuidle/state*/disable",
 )
 
 
