@@ -149,11 +149,7 @@ class Host:
             with open(path, "w") as handle:
                 handle.write(text)
         except OSError as exc:
-            if exc.errno in _NOT_ALLOWED:
-                raise Unavailable(_read_only_reason(relative)) from None
-            raise KnobError(
-                f"writing {text.strip()!r} to /{relative.lstrip('/')}: {exc.strerror}", exc.errno
-            ) from None
+            raise _write_failure(relative, exc, f"writing {text.strip()!r} to") from None
 
     def replace(self, relative: str, text: str | None) -> bool:
         """Make the file hold exactly `text` (None: no file), written atomically with the
@@ -172,11 +168,7 @@ class Host:
             partial.chmod(mode)
             partial.replace(path)
         except OSError as exc:
-            if exc.errno in _NOT_ALLOWED:
-                raise Unavailable(_read_only_reason(relative)) from None
-            raise KnobError(
-                f"replacing /{relative.lstrip('/')}: {exc.strerror}", exc.errno
-            ) from None
+            raise _write_failure(relative, exc, "replacing") from None
         return True
 
     def systemctl(self, *args: str) -> str:
@@ -185,6 +177,14 @@ class Host:
         if rc != 0 and args[0] not in ("is-active", "is-enabled"):
             raise KnobError(f"systemctl {' '.join(args)} failed: {(err or out).strip()}")
         return out.strip()
+
+
+def _write_failure(relative: str, exc: OSError, doing: str) -> Exception:
+    """A failed write as the knobs report it: the host does not let us (Unavailable), or
+    an error naming what was being done to which file."""
+    if exc.errno in _NOT_ALLOWED:
+        return Unavailable(_read_only_reason(relative))
+    return KnobError(f"{doing} /{relative.lstrip('/')}: {exc.strerror}", exc.errno)
 
 
 def _read_only_reason(relative: str) -> str:
