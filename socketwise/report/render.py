@@ -17,11 +17,7 @@ from socketwise.report.points import group
 
 def write(run_dir: str | Path) -> tuple[Path, Path]:
     """Analyse RUN_DIR and write RUN_DIR/report.md, report.html and plots/*.png."""
-    _, markdown, page = _write(Path(run_dir))
-    return markdown, page
-
-
-def _write(run_dir: Path) -> tuple[dict, Path, Path]:
+    run_dir = Path(run_dir)
     analysis = analyse(run_dir)
     axes_by_host = group(rundir.read_summary(run_dir))
     plots = {
@@ -32,7 +28,7 @@ def _write(run_dir: Path) -> tuple[dict, Path, Path]:
     markdown, page = run_dir / "report.md", run_dir / "report.html"
     markdown.write_text(render_markdown(blocks))
     page.write_text(render_html(blocks, f"socketwise report: {run_dir.name}"))
-    return analysis, markdown, page
+    return markdown, page
 
 
 # --- CLI door -------------------------------------------------------------------------
@@ -59,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
             # The decisions only: nothing is written and nothing is plotted.
             print(json.dumps(analyse(args.run_dir), indent=2))
             return 0
-        _, markdown, page = _write(args.run_dir)
+        markdown, page = write(args.run_dir)
     except rundir.RunDirError as exc:
         print(f"socketwise report: error: {exc}", file=sys.stderr)
         return 2
