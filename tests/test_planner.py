@@ -42,7 +42,7 @@ def test_r730_sn_uses_twelve_even_cores_of_socket_0_like_the_field_notes(topo):
     assert instance["ranks"] == [{"node": 0, "cpus": EVENS[:12]}]
     assert instance["omp_threads_bind"] == ",".join(map(str, EVENS[:12]))
     assert instance["membind"] == [0]
-    assert instance["tp"] == 1 and instance["port"] == 8000
+    assert instance["tp"] == 1 and instance["port"] == 8001
     assert instance["cpus_allowed"] == EVENS[:12] + [24, 26, 52, 54]
     # The two highest cores of the socket and their siblings stay with the OS.
     assert result["nodes"] == [
@@ -66,7 +66,20 @@ def test_r730_dp_as_vllm_data_parallel_is_one_instance_with_two_ranks(topo):
     (instance,) = result["instances"]
     assert instance["data_parallel"] == 2 and instance["tp"] == 1
     assert instance["omp_threads_bind"].count("|") == 1
-    assert result["load_balancer"] is None
+    # One vLLM schedules for both engines: the front door lets twice one engine's share in.
+    assert instance["max_connections"] == 256
+    assert result["load_balancer"]["backends"] == [8001]
+
+
+def test_every_layout_serves_behind_the_front_door_on_the_public_port(topo):
+    # The front door lets through what the instance's engines schedule at once:
+    # vLLM's 128 sequences per rank of a TP group.
+    for layout, connections in (("sn", 128), ("tp", 256)):
+        result = plan(topo("r730"), PlanRequest(layout=layout, model_gb=8, port=9000))
+        (instance,) = result["instances"]
+        assert result["endpoint_port"] == result["load_balancer"]["port"] == 9000
+        assert result["load_balancer"]["backends"] == [instance["port"]] == [9001]
+        assert instance["max_connections"] == connections
 
 
 def test_r730_dp_as_instances_gets_one_port_each_behind_the_load_balancer(topo):

@@ -293,6 +293,7 @@ def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: in
         "omp_threads_bind": "|".join(",".join(map(str, r["cpus"])) for r in ranks),
         "membind": sorted({r["node"] for r in ranks}),
         "kvcache_gb": kv,
+        "max_connections": MAX_SEQS_PER_RANK * tp * dp,
     }
 
 
@@ -369,6 +370,10 @@ def _decide(nodes: list[_Node], request: PlanRequest) -> tuple[str, int | None, 
 
 
 MAX_PORT = 65535
+# vLLM's default --max-num-seqs on CPU for its API server: 128 per rank of an engine's
+# TP group, for each DP engine. The front door lets no more requests than that through
+# to an instance at once; the rest wait in its queue, not in vLLM's.
+MAX_SEQS_PER_RANK = 128
 
 
 def _check_numbers(request: PlanRequest) -> None:
@@ -397,9 +402,10 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     _check_numbers(request)
     nodes = _cpu_nodes(topo)
     layout, ranks, reason = _decide(nodes, request)
+    # Every layout sits behind the front door on the public port; the instances take the
+    # ports after it, on a private address.
     port = request.port
     dp_mode = None
-    load_balancer = None
     if layout == "sn":
         if ranks not in (None, 1):
             raise PlanError("ranks", f"SN runs one rank, not {ranks}", ["layout tp", "layout dp"])
@@ -410,14 +416,14 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         best = sorted(candidates, key=lambda n: (-gpus.count(n.id), -len(n.cores), n.id))[:1]
         placed = _place_ranks(best, 1, request, False, "SN", equal=False)
         instances = [
-            _instance("vllm-sn", port, placed, 1, 1, _kv_for(placed, request.model_gb, request))
+            _instance("vllm-sn", port + 1, placed, 1, 1, _kv_for(placed, request.model_gb, request))
         ]
     elif layout == "tp":
         if ranks is None:
             ranks = len(nodes) if len(nodes) > 1 or not request.split_nodes else 2
         placed = _place_ranks(nodes, ranks, request, request.split_nodes, "TP", equal=True)
         kv = _kv_for(placed, request.model_gb / ranks, request)
-        instances = [_instance("vllm-tp", port, placed, ranks, 1, kv)]
+        instances = [_instance("vllm-tp", port + 1, placed, ranks, 1, kv)]
     else:
         if ranks is None:
             # One replica per node; a single node is split in halves.
@@ -426,25 +432,25 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         kv = _kv_for(placed, request.model_gb, request)
         dp_mode = request.dp_mode
         if dp_mode == "vllm":
-            instances = [_instance("vllm-dp", port, placed, 1, ranks, kv)]
+            instances = [_instance("vllm-dp", port + 1, placed, 1, ranks, kv)]
         else:
             instances = [
                 _instance(f"vllm-dp{i}", port + 1 + i, [rank], 1, 1, kv)
                 for i, rank in enumerate(placed)
             ]
-            load_balancer = {
-                "port": port,
-                "balance": "leastconn",
-                "backends": [i["port"] for i in instances],
-            }
     highest = max(i["port"] for i in instances)
     if highest > MAX_PORT:
         raise PlanError(
             "port",
-            f"port {port} leaves no room for the {len(instances)} DP backends on the ports "
+            f"port {port} leaves no room for the {len(instances)} backend(s) on the ports "
             f"after it (up to {highest}, above {MAX_PORT})",
             [f"port {MAX_PORT - len(instances)}"],
         )
+    load_balancer = {
+        "port": port,
+        "balance": "leastconn",
+        "backends": [i["port"] for i in instances],
+    }
     used = sorted({r["node"] for r in placed})
     node_uses = [_node_use(n, placed) for n in nodes if n.id in used]
     reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
