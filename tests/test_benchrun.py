@@ -43,7 +43,7 @@ def option(args: list[str], name: str) -> str:
 )
 def test_guidellm_gets_the_step_s_load_shape(tmp_path, load, profile):
     step = {"name": "s", "num_prompts": 20, "input_len": 256, "output_len": 128, **load}
-    args = benchrun.guidellm_args(SPEC, step, tmp_path)
+    args = benchrun.guidellm_args(SPEC, step, tmp_path, benchrun.Auth(SPEC, tmp_path))
     assert args[:4] == [SPEC["python"], "-m", "guidellm", "run"]
     assert option(args, "--profile") == profile
     assert option(args, "--constraint") == "kind=max_requests,count=20"
@@ -56,6 +56,29 @@ def test_guidellm_gets_the_step_s_load_shape(tmp_path, load, profile):
     assert option(args, "--tokenizer") == "kind=hf_auto,model=/opt/socketwise/tokenizers/tiny-llama"
     assert option(args, "--seed") == "kind=static,value=7"
     assert option(args, "--output") == f"kind=json,path={tmp_path / 'guidellm.json'}"
+
+
+def test_the_api_key_reaches_each_tool_but_never_its_command_line(tmp_path):
+    key = "k3y-" + "x" * 28
+    (tmp_path / "api-key").write_text(key + "\n")
+    spec = SPEC | {"api_key_file": str(tmp_path / "api-key")}
+    private = tmp_path / "private"
+    private.mkdir()
+    auth = benchrun.Auth(spec, private)
+    step = {"name": "s", "num_prompts": 4, "input_len": 8, "output_len": 8, "concurrency": 1}
+    vllm = benchrun.vllm_args(spec, step, tmp_path, auth)
+    guidellm = benchrun.guidellm_args(spec, step, tmp_path, auth)
+    assert not any(key in arg for arg in vllm + guidellm)
+    # vLLM's benchmark sends OPENAI_API_KEY as the bearer token; GuideLLM merges the
+    # scenario file's backend with --backend.
+    assert auth.environment()["OPENAI_API_KEY"] == key
+    scenario = Path(option(guidellm, "--config"))
+    assert scenario.parent == private and scenario.stat().st_mode & 0o077 == 0
+    assert json.loads(scenario.read_text()) == {"spec": {"backend": {"api_key": key}}}
+    # Without a key file nothing is added.
+    anonymous = benchrun.Auth(SPEC, private)
+    assert "OPENAI_API_KEY" not in anonymous.environment()
+    assert "--config" not in benchrun.guidellm_args(SPEC, step, tmp_path, anonymous)
 
 
 def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):

@@ -1,25 +1,30 @@
-"""End to end on a real systemd host: deploy.yml serves SN, DP-2 behind HAProxy, TP-2 and
-vLLM's own DP-2 on a 2-core lab machine, each answering a real completion, with every
-worker thread where the plan put it; bad input stops before the host changes.
+"""End to end on a real systemd host: deploy.yml serves SN, DP-2, TP-2 and vLLM's own
+DP-2 on a 2-core lab machine, each behind the front door (HAProxy, the API key, the
+route allow list) and answering a real completion, with every worker thread where the
+plan put it; the units are sandboxed, stop after repeated failed starts, and the key
+shows nowhere but its root-only files; bad input stops before the host changes.
 
 Slow (a vLLM install and five server starts): marked `lab`. The tests run in file
-order on one machine, as a user would change layouts on one host.
+order on one machine, as a user would change layouts on one host, and the security
+checks are asserted against those same deployments.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from socketwise.lab import machines as lab
+from socketwise.lab.common import api_key_path
 
+from . import frontdoor
 from .labs import fresh_lab
 from .playbooks import PlaybookRun, run_playbook
 from .test_unitvalues import HOSTILE_ARG, HOSTILE_ENV, render_vllm_unit
@@ -28,7 +33,12 @@ pytestmark = pytest.mark.lab
 
 HOST = "lab1"
 ADDRESS = "127.0.0.11"
+# The lab's private address for the vLLM instances and the metrics listener.
+BACKEND = "127.1.0.11"
+METRICS_PORT = 9180
 INVENTORY = "inventories/lab"
+# Where systemd-analyze's exposure score of every socketwise unit must stay.
+MAX_EXPOSURE = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +70,42 @@ def deploy(artifacts: Path, *extra: str) -> PlaybookRun:
     return run
 
 
-def completion(port: int) -> dict:
-    request = urllib.request.Request(
-        f"http://{ADDRESS}:{port}/v1/completions",
-        data=json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.load(response)
+@pytest.fixture(scope="module")
+def key(machine) -> str:
+    """The key `socketwise lab up` made for the lab's front doors."""
+    return api_key_path().read_text().strip()
+
+
+def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
+    """What a client of a deployed host sees: only the OpenAI routes and /health pass,
+    the key is required, the instances and the metrics listener are not on the public
+    address, and each instance's /metrics is on the monitoring one."""
+    port = plan["endpoint_port"]
+    for path in frontdoor.REFUSED_PATHS:
+        status, _ = frontdoor.call(ADDRESS, port, path, key, {}, tls)
+        assert status == 403, path
+    assert frontdoor.call(ADDRESS, port, "/health", tls=tls)[0] == 200
+    assert frontdoor.call(ADDRESS, port, "/v1/models", tls=tls)[0] == 401
+    assert frontdoor.call(ADDRESS, port, "/v1/models", key, tls=tls)[0] == 200
+    for wrong in (None, key[:-1], key + "x", f"{key} {key}"):
+        status, _ = frontdoor.call(
+            ADDRESS, port, "/v1/completions", wrong, frontdoor.COMPLETION, tls
+        )
+        assert status == 401, wrong
+    assert frontdoor.completion_tokens(ADDRESS, port, key, tls) > 0
+    for instance in plan["instances"]:
+        assert not frontdoor.answers(ADDRESS, instance["port"])
+        # vLLM checks the key itself too, behind the front door.
+        assert frontdoor.call(BACKEND, instance["port"], "/v1/models")[0] == 401
+        status, body = frontdoor.call(BACKEND, METRICS_PORT, f"/metrics/{instance['name']}")
+        assert status == 200 and b"vllm:num_requests_running" in body
+    assert not frontdoor.answers(ADDRESS, METRICS_PORT)
+    assert frontdoor.call(BACKEND, METRICS_PORT, "/v1/models", key)[0] == 403
+
+
+def exposure(machine: lab.Machine, unit: str) -> float:
+    shown = on_host(machine, f"systemd-analyze security --no-pager {unit}")
+    return float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", shown).group(1))
 
 
 def units(machine: lab.Machine) -> list[str]:
@@ -119,6 +157,16 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
             f"{HOST}: vllm_service_environment.MY VAR='MY VAR': is not an environment variable",
         ),
         (["-e", "vllm_user=root"], f"{HOST}: vllm_user='root': is root or not a user name"),
+        (
+            # Open to the network with no key: refused unless asked for on purpose.
+            ["-e", "vllm_service_listen_address=0.0.0.0", "-e", "vllm_service_api_key_file="],
+            f"{HOST}: vllm_service_api_key: is empty and the front door listens on 0.0.0.0",
+        ),
+        (
+            ["-e", "vllm_service_backend_address=0.0.0.0"],
+            f"{HOST}: vllm_service_backend_address='0.0.0.0': is not allowed here; give a "
+            "loopback address",
+        ),
     ],
     ids=[
         "model-missing",
@@ -128,6 +176,8 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
         "unit-injection",
         "env-name-space",
         "root-user",
+        "anonymous-public",
+        "public-backend",
     ],
 )
 def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, words):
@@ -136,6 +186,19 @@ def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, word
     assert words in " ".join(run.output.split()), run.output[-3000:]
     assert on_host(machine, "test -e /opt/socketwise && echo installed || echo clean") == "clean"
     assert units(machine) == []
+
+
+def test_a_login_account_is_refused_as_the_service_user(machine, artifacts):
+    on_host(machine, "useradd --create-home --shell /bin/bash alice")
+    try:
+        run = deploy(artifacts, "-e", "vllm_user=alice")
+    finally:
+        on_host(machine, "userdel --remove alice")
+    assert run.returncode != 0
+    assert f"{HOST}: vllm_user=alice: is an existing login account (shell /bin/bash)" in " ".join(
+        run.output.split()
+    )
+    assert on_host(machine, "test -e /opt/socketwise && echo installed || echo clean") == "clean"
 
 
 def test_systemd_reads_every_quoted_value_as_written(machine):
@@ -182,16 +245,116 @@ def test_a_port_held_by_another_program_stops_the_deploy(machine, artifacts):
         on_host(machine, "systemctl stop squatter")
 
 
-def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, artifacts):
-    run = deploy(artifacts, "-e", "plan_layout=sn")
+def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, artifacts, key):
+    # -v with --diff: the output a user would paste into an issue must not hold the key.
+    run = deploy(artifacts, "-e", "plan_layout=sn", "-v", "--diff")
     assert run.returncode == 0, run.output[-4000:]
-    assert units(machine) == ["socketwise-vllm-sn.service"]
-    assert completion(8000)["usage"]["completion_tokens"] > 0
+    assert key not in run.output
+    assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-sn.service"]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
     assert worker_cpus(artifacts) == [plan["instances"][0]["ranks"][0]["cpus"]] == [[0, 1]]
     shown = on_host(machine, "systemctl show -p CPUAffinity -p NUMAPolicy socketwise-vllm-sn")
     assert "CPUAffinity=0-1" in shown and "NUMAPolicy=bind" in shown
     assert summary(artifacts)["versions"]["vllm"] == "0.32.0"
+    assert summary(artifacts)["front_door"]["api_key"] == "required"
+
+
+def test_sn_front_door_passes_only_openai_routes_with_the_key(key, artifacts):
+    assert_front_door(key, json.loads((artifacts / HOST / "plan.json").read_text()))
+
+
+def test_every_unit_is_sandboxed_while_it_serves(machine, key):
+    scores = {unit: exposure(machine, unit) for unit in units(machine)}
+    assert all(score <= MAX_EXPOSURE for score in scores.values()), scores
+    shown = on_host(
+        machine, "systemctl show -p User -p NoNewPrivileges -p ProtectSystem socketwise-vllm-sn"
+    )
+    assert (
+        "User=vllm" in shown and "NoNewPrivileges=yes" in shown and "ProtectSystem=strict" in shown
+    )
+    # Sandboxed, it still serves.
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
+
+
+def test_the_key_is_only_in_its_root_only_files(machine, artifacts, key):
+    assert frontdoor.key_places_on_host(machine, key) == []
+    assert frontdoor.files_holding(artifacts, key) == []
+    listing = on_host(
+        machine, "stat -c '%a %U %n' /etc/socketwise/secrets /etc/socketwise/secrets/*"
+    )
+    assert listing.splitlines() == [
+        "700 root /etc/socketwise/secrets",
+        "600 root /etc/socketwise/secrets/frontdoor.env",
+        "600 root /etc/socketwise/secrets/vllm.env",
+    ]
+
+
+def test_a_crashing_server_stops_at_its_start_limit(machine):
+    # The rendered unit with its start limits, made to fail at once and restart fast.
+    unit = "/etc/systemd/system/probe-crash.service"
+    on_host(
+        machine,
+        "sed -e 's|^ExecStart=.*|ExecStart=/bin/false|' -e '/^    /d'"
+        " -e 's|^RestartSec=.*|RestartSec=100ms|'"
+        f" /etc/systemd/system/socketwise-vllm-sn.service > {unit} && systemctl daemon-reload"
+        " && systemctl start probe-crash || true",
+    )
+    try:
+        on_host(
+            machine,
+            "for i in $(seq 100); do systemctl is-failed -q probe-crash"
+            " && [ $(systemctl show -p Result --value probe-crash) = start-limit-hit ] && break;"
+            " sleep 0.2; done",
+        )
+        shown = on_host(machine, "systemctl show -p Result -p NRestarts -p ActiveState probe-crash")
+    finally:
+        on_host(
+            machine, f"systemctl reset-failed probe-crash; rm -f {unit}; systemctl daemon-reload"
+        )
+    assert "Result=start-limit-hit" in shown and "ActiveState=failed" in shown, shown
+    assert "NRestarts=5" in shown, shown
+
+
+def test_tls_on_the_front_door_from_a_certificate_in_the_inventory(
+    machine, artifacts, key, tmp_path
+):
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", f"/CN={ADDRESS}", "-keyout", str(tmp_path / "tls.key"),
+         "-out", str(tmp_path / "tls.crt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    run = deploy(
+        artifacts,
+        "-e", "plan_layout=sn",
+        "-e", f"vllm_service_tls_cert={tmp_path / 'tls.crt'}",
+        "-e", f"vllm_service_tls_key={tmp_path / 'tls.key'}",
+    )  # fmt: skip
+    assert run.returncode == 0, run.output[-4000:]
+    # Only the front door restarted: the instance kept serving.
+    assert "socketwise-vllm-sn.service" not in " ".join(
+        line for line in run.output.splitlines() if line.startswith("changed:")
+    )
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key, tls=True) > 0
+    assert frontdoor.call(ADDRESS, 8000, "/metrics", key, tls=True)[0] == 403
+    assert frontdoor.call(ADDRESS, 8000, "/v1/models", tls=True)[0] == 401
+    with pytest.raises(OSError):
+        frontdoor.call(ADDRESS, 8000, "/health")
+    assert summary(artifacts)["endpoint"] == f"https://{ADDRESS}:8000/v1"
+    assert on_host(machine, "stat -c '%a %U' /etc/socketwise/secrets/frontdoor.pem") == "600 root"
+
+
+def test_a_benchmark_directory_outside_the_kit_s_own_is_refused(machine, artifacts):
+    run = run_playbook(
+        "playbooks/bench.yml", "-i", INVENTORY, "-e", "benchmark_host_dir=/etc",
+        "-e", f"socketwise_artifacts_dir={artifacts}",
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert f"{HOST}: benchmark_host_dir=/etc: is not a directory under /var/lib/socketwise" in (
+        " ".join(run.output.split())
+    )
+    assert on_host(machine, "test -f /etc/hostname && echo kept") == "kept"
 
 
 def test_a_converged_host_reports_no_change_again_or_in_check_mode(machine, artifacts):
@@ -201,7 +364,7 @@ def test_a_converged_host_reports_no_change_again_or_in_check_mode(machine, arti
     assert checked.returncode == 0 and checked.recap(HOST)["changed"] == 0, checked.output[-4000:]
 
 
-def test_dp2_instances_answer_behind_the_load_balancer(machine, artifacts):
+def test_dp2_instances_answer_behind_the_front_door(machine, artifacts, key):
     run = deploy(artifacts, "-e", "plan_layout=dp")
     assert run.returncode == 0, run.output[-4000:]
     # The SN unit of the previous layout is gone.
@@ -210,32 +373,37 @@ def test_dp2_instances_answer_behind_the_load_balancer(machine, artifacts):
         "socketwise-vllm-dp0.service",
         "socketwise-vllm-dp1.service",
     ]
-    for port in (8001, 8002, 8000):
-        assert completion(port)["usage"]["completion_tokens"] > 0
+    for port in (8001, 8002):
+        assert frontdoor.completion_tokens(BACKEND, port, key) > 0
     assert worker_cpus(artifacts) == [[0], [1]]
-    assert summary(artifacts)["ports"] == [8001, 8002, 8000]
+    assert summary(artifacts)["ports"] == [8001, 8002, 8000, METRICS_PORT]
+    plan = json.loads((artifacts / HOST / "plan.json").read_text())
+    assert_front_door(key, plan)
+    assert all(exposure(machine, unit) <= MAX_EXPOSURE for unit in units(machine))
 
 
-def test_tp2_runs_one_rank_per_core(machine, artifacts):
+def test_tp2_runs_one_rank_per_core(machine, artifacts, key):
     run = deploy(artifacts, "-e", "plan_layout=tp")
     assert run.returncode == 0, run.output[-4000:]
-    assert units(machine) == ["socketwise-vllm-tp.service"]
-    assert completion(8000)["usage"]["completion_tokens"] > 0
+    assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-tp.service"]
     assert worker_cpus(artifacts) == [[0], [1]]
     assert on_host(machine, "pgrep -c -f '^VLLM::Worker_TP'") == "2"
+    # TP's shared-memory and gloo groups work inside the sandbox.
+    assert_front_door(key, json.loads((artifacts / HOST / "plan.json").read_text()))
+    assert exposure(machine, "socketwise-vllm-tp.service") <= MAX_EXPOSURE
 
 
-def test_vllm_internal_dp2_runs_two_engines_in_one_service(machine, artifacts):
+def test_vllm_internal_dp2_runs_two_engines_in_one_service(machine, artifacts, key):
     run = deploy(artifacts, "-e", "plan_layout=dp", "-e", "plan_dp_mode=vllm")
     assert run.returncode == 0, run.output[-4000:]
-    assert units(machine) == ["socketwise-vllm-dp.service"]
-    assert completion(8000)["usage"]["completion_tokens"] > 0
+    assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-dp.service"]
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
     assert worker_cpus(artifacts) == [[0], [1]]
 
 
-def test_absent_removes_every_service_and_frees_the_port(machine, artifacts):
+def test_absent_removes_every_service_the_secrets_and_frees_the_port(machine, artifacts):
     run = deploy(artifacts, "-e", "vllm_service_state=absent")
     assert run.returncode == 0, run.output[-4000:]
     assert units(machine) == []
-    with pytest.raises(OSError):
-        completion(8000)
+    assert not frontdoor.answers(ADDRESS, 8000)
+    assert on_host(machine, "test -e /etc/socketwise/secrets && echo kept || echo gone") == "gone"

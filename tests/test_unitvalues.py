@@ -12,7 +12,7 @@ import pytest
 from ansible.plugins.filter.core import comment
 
 from socketwise.plan.planner import PlanRequest, plan
-from socketwise.serve.unitvalues import quote, unit_value_errors
+from socketwise.serve.unitvalues import quote, secret_errors, unit_value_errors
 
 REPO = Path(__file__).resolve().parent.parent
 # What a user may legitimately pass, with every character that means something to systemd.
@@ -27,6 +27,9 @@ SAFE = {
     "vllm_home": "/opt/socketwise",
     "vllm_venv": "/opt/socketwise/vllm",
     "vllm_service_listen_address": "127.0.0.11",
+    "vllm_service_backend_address": "127.1.0.11",
+    "vllm_service_metrics_address": "127.1.0.11",
+    "vllm_service_metrics_port": 9180,
 }
 
 
@@ -48,6 +51,9 @@ def render_vllm_unit(**values: object) -> str:
         "vllm_service_dtype": "bfloat16",
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
+        "vllm_service_ready_timeout": 600,
+        "vllm_service_start_limit_burst": 5,
+        "__vllm_service_secrets_dir": "/etc/socketwise/secrets",
     }
     return environment.get_template("vllm.service.j2").render(variables | values)
 
@@ -84,6 +90,62 @@ def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
         "vllm_service_listen_address",
     ]
     assert all("; " in error for error in errors), "every refusal says what to do instead"
+
+
+def test_only_the_front_door_may_listen_on_a_public_address():
+    bad = SAFE | {
+        "vllm_service_backend_address": "0.0.0.0",
+        "vllm_service_metrics_address": "::",
+        "vllm_service_metrics_port": 65536,
+        "vllm_model_hf_id": "org/name; rm -rf /",
+    }
+    errors = unit_value_errors(bad)
+    assert [error.split("=", 1)[0] for error in errors] == [
+        "vllm_model_hf_id",
+        "vllm_service_backend_address",
+        "vllm_service_metrics_address",
+        "vllm_service_metrics_port",
+    ]
+    assert "give a loopback address such as 127.0.0.1" in errors[1]
+    assert unit_value_errors(SAFE | {"vllm_service_backend_address": "10.0.0.5"}) != []
+    assert unit_value_errors(SAFE | {"vllm_model_hf_id": "microsoft/Phi-4-mini-instruct"}) == []
+
+
+KEY = "s3cret-" + "k" * 25
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"vllm_service_listen_address": "0.0.0.0"}, "vllm_service_api_key: is empty"),
+        ({"vllm_service_listen_address": "10.1.2.3"}, "vllm_service_api_key: is empty"),
+        ({"vllm_service_api_key": "abc12"}, "vllm_service_api_key: is shorter than 16"),
+        ({"vllm_service_api_key": KEY + '"\n'}, "vllm_service_api_key: is shorter than 16"),
+        (
+            {"vllm_service_api_key": KEY, "vllm_service_hf_token": "hf token"},
+            "vllm_service_hf_token",
+        ),
+    ],
+    ids=["wildcard", "public-ip", "short", "quote-newline", "hf-token-space"],
+)
+def test_a_public_front_door_needs_a_well_formed_key_and_errors_never_show_it(values, problem):
+    errors = secret_errors({"vllm_service_listen_address": "0.0.0.0"} | values)
+    assert len(errors) == 1 and errors[0].startswith(problem), errors
+    for secret in (values.get("vllm_service_api_key"), values.get("vllm_service_hf_token")):
+        assert not secret or secret not in errors[0]
+
+
+def test_a_key_or_loopback_or_anonymous_on_purpose_is_accepted():
+    assert (
+        secret_errors({"vllm_service_listen_address": "0.0.0.0", "vllm_service_api_key": KEY}) == []
+    )
+    assert secret_errors({"vllm_service_listen_address": "127.0.0.11"}) == []
+    assert (
+        secret_errors(
+            {"vllm_service_listen_address": "0.0.0.0", "vllm_service_allow_anonymous": True}
+        )
+        == []
+    )
 
 
 def test_the_unit_with_hostile_but_legal_values_passes_systemd_analyze_verify(tmp_path):

@@ -50,6 +50,11 @@ def key_path() -> Path:
     return lab_dir() / "id_ed25519"
 
 
+def api_key_path() -> Path:
+    """The lab's front-door API key, shared by every lab (group_vars/lab.yml reads it)."""
+    return lab_dir() / "api-key"
+
+
 def state_path() -> Path:
     return own_dir() / "state.json"
 
@@ -101,6 +106,9 @@ def run(
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     partial = path.with_name(f".{path.name}.partial")
+    # Private while it is written: the text may be a key.
+    partial.unlink(missing_ok=True)
+    partial.touch(mode=0o600)
     partial.write_text(text)
     partial.chmod(mode)
     partial.replace(path)

@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from socketwise.lab.common import (
     LabError,
+    api_key_path,
     default_inventory_dir,
     key_path,
     lab_dir,
@@ -157,6 +159,14 @@ def ensure_key() -> Path:
         key.with_suffix(".pub").unlink(missing_ok=True)
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "socketwise-lab", "-f", str(key)])
     return key
+
+
+def ensure_api_key() -> Path:
+    """A random key for the lab's front doors, readable by root only, made once."""
+    path = api_key_path()
+    if not path.is_file():
+        write_atomically(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    return path
 
 
 def _prepare_machine(machine: Machine) -> None:
@@ -433,6 +443,7 @@ def up(
                 f"{', '.join(orphans)} still running without their systemd-nspawn; "
                 "run `socketwise lab down` first"
             )
+        ensure_api_key()
         wanted = [machine_name(index) for index in range(1, machines + 1)]
         to_boot = [current.get(name) or _machine(name) for name in wanted]
         to_boot = [machine for machine in to_boot if not machine.running]

@@ -26,6 +26,7 @@ two hosts' clocks must agree (NTP) when they are two machines.
 
 SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "loadgen": HOST, "python": TOOL_VENV_PYTHON,
        "base_url": URL the load generator uses, "metrics_urls": [URL/metrics, ...],
+       "api_key_file": root-only file with the front door's API key (optional),
        "model": NAME, "tokenizer": DIR, "seed": 0, "idle_seconds": 5,
        "sample_seconds": 2,
        "steps": [{"name": "c1", "concurrency": 1, "num_prompts": 8,
@@ -49,6 +50,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -90,7 +92,29 @@ def scrape(urls: list[str]) -> dict[str, float]:
 # --- the load generators --------------------------------------------------------------
 
 
-def vllm_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
+class Auth:
+    """The API key where each load generator takes it: vLLM's benchmark from its
+    environment, GuideLLM from a scenario file in a private temporary directory. Never on
+    a command line, in a log or in the run directory."""
+
+    def __init__(self, spec: dict, private: Path) -> None:
+        path = spec.get("api_key_file")
+        self.key = Path(path).read_text().strip() if path else ""
+        self.private = private
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "OPENAI_API_KEY": self.key} if self.key else dict(os.environ)
+
+    def guidellm_scenario(self) -> list[str]:
+        if not self.key:
+            return []
+        scenario = self.private / "scenario.json"
+        scenario.touch(mode=0o600)
+        scenario.write_text(json.dumps({"spec": {"backend": {"api_key": self.key}}}))
+        return ["--config", str(scenario)]
+
+
+def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
     args = [
         spec["python"], "-c", BENCH,
         "--backend", "vllm",
@@ -112,10 +136,12 @@ def vllm_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
         args += ["--max-concurrency", str(step["concurrency"]), "--request-rate", "inf"]
     else:
         args += ["--request-rate", str(step["rate"])]
+    if spec["base_url"].startswith("https://") and spec.get("insecure"):
+        args.append("--insecure")
     return args
 
 
-def guidellm_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
+def guidellm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
     """GuideLLM 0.8.1's `run` for one step, on /v1/completions so prompts are exactly
     input_len tokens (the chat template would add some); GuideLLM sends ignore_eos and
     max_tokens itself when the data fix output_tokens.
@@ -143,13 +169,14 @@ def guidellm_args(spec: dict, step: dict, step_dir: Path) -> list[str]:
         "--seed", f"kind=static,value={spec.get('seed', 0)}",
         "--output", f"kind=json,path={step_dir / 'guidellm.json'}",
         "--disable-console",
+        *auth.guidellm_scenario(),
     ]  # fmt: skip
 
 
-def guidellm_env() -> dict[str, str]:
+def guidellm_env(auth: Auth) -> dict[str, str]:
     """Quiet, offline, and one worker process per CPU this runner may use."""
     return {
-        **os.environ,
+        **auth.environment(),
         "HF_HUB_OFFLINE": "1",
         "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING",
         "GUIDELLM__MAX_WORKER_PROCESSES": str(max(1, len(os.sched_getaffinity(0)))),
@@ -192,7 +219,7 @@ def guidellm_result(step_dir: Path) -> str | None:
 # tool: (argv for one step, environment, bench.json from the tool's own result or None
 # when the tool writes it itself: vLLM's does).
 TOOLS = {
-    "vllm": (vllm_args, lambda: None, None),
+    "vllm": (vllm_args, Auth.environment, None),
     "guidellm": (guidellm_args, guidellm_env, guidellm_result),
 }
 
@@ -207,12 +234,14 @@ def run_step(spec: dict, name: str) -> dict:
     args, env, result_of = TOOLS[tool]
     step_dir = Path(spec["out"]) / name
     step_dir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    done = subprocess.run(
-        args(spec, step, step_dir), capture_output=True, text=True, check=False,
-        env=env(), cwd=step_dir,
-    )  # fmt: skip
-    ended = time.time()
+    with tempfile.TemporaryDirectory(prefix="socketwise-bench-") as private:
+        auth = Auth(spec, Path(private))
+        started = time.time()
+        done = subprocess.run(
+            args(spec, step, step_dir, auth), capture_output=True, text=True, check=False,
+            env=env(auth), cwd=step_dir,
+        )  # fmt: skip
+        ended = time.time()
     log = done.stdout[-20000:] + done.stderr[-20000:]
     returncode = done.returncode
     if returncode == 0 and result_of is not None:

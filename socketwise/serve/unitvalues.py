@@ -19,6 +19,11 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _PATH = re.compile(r"/[A-Za-z0-9._/+-]*")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+# What a key or token may hold: one word a unit's EnvironmentFile and HAProxy's
+# configuration read as itself, long enough not to be guessed.
+_SECRET = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
+MAX_PORT = 65535
 
 
 def quote(value: object, command_line: bool = True) -> str:
@@ -119,16 +124,78 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 "use letters, digits and . _ : / - only",
             )
         )
-    address = values.get("vllm_service_listen_address")
-    try:
-        ipaddress.ip_address(str(address))
-    except ValueError:
+    if values.get("vllm_model_hf_id") and not _HUB_ID.fullmatch(str(values["vllm_model_hf_id"])):
         errors.append(
             _problem(
-                "vllm_service_listen_address",
-                address,
-                "is not an IP address",
-                "give one such as 127.0.0.1 or 0.0.0.0",
+                "vllm_model_hf_id",
+                values["vllm_model_hf_id"],
+                "is not a Hugging Face model id",
+                "give ORG/NAME with letters, digits and . _ - only",
             )
+        )
+    return errors + _address_errors(values)
+
+
+def _address_errors(values: Mapping[str, object]) -> list[str]:
+    """The front door on the public address, the instances on a loopback one, the metrics
+    listener on a named (not wildcard) one, each port in 1-65535."""
+    errors = []
+    rules = [
+        ("vllm_service_listen_address", lambda a: True, "give one such as 127.0.0.1 or 0.0.0.0"),
+        (
+            "vllm_service_backend_address",
+            lambda a: a.is_loopback,
+            "give a loopback address such as 127.0.0.1: only the front door may be reachable",
+        ),
+        (
+            "vllm_service_metrics_address",
+            lambda a: not a.is_unspecified,
+            "give the monitoring network's address of this host, or 127.0.0.1, not a wildcard",
+        ),
+    ]
+    for variable, allowed, fix in rules:
+        if variable not in values:
+            continue
+        address = values[variable]
+        try:
+            parsed = ipaddress.ip_address(str(address))
+        except ValueError:
+            errors.append(_problem(variable, address, "is not an IP address", fix))
+            continue
+        if not allowed(parsed):
+            errors.append(_problem(variable, address, "is not allowed here", fix))
+    port = values.get("vllm_service_metrics_port", 1)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
+        errors.append(
+            _problem("vllm_service_metrics_port", port, "is not a port", f"give 1-{MAX_PORT}")
+        )
+    return errors
+
+
+def secret_errors(values: Mapping[str, object]) -> list[str]:
+    """What is wrong with the API key and the Hugging Face token, naming the variable but
+    never the value; and a public front door without a key that was not asked for."""
+    errors = []
+    for variable in ("vllm_service_api_key", "vllm_service_hf_token"):
+        secret = values.get(variable) or ""
+        if secret and not (isinstance(secret, str) and _SECRET.fullmatch(secret)):
+            errors.append(
+                f"{variable}: is shorter than 16 characters or holds others than letters, "
+                "digits and . _ ~ + / = -; generate one with `openssl rand -hex 32`"
+            )
+    listen = str(values.get("vllm_service_listen_address", ""))
+    try:
+        public = not ipaddress.ip_address(listen).is_loopback
+    except ValueError:
+        public = True
+    if (
+        public
+        and not values.get("vllm_service_api_key")
+        and not values.get("vllm_service_allow_anonymous")
+    ):
+        errors.append(
+            f"vllm_service_api_key: is empty and the front door listens on {listen}, which "
+            "is not a loopback address; set vllm_service_api_key (with Ansible Vault) or "
+            "vllm_service_api_key_file, or vllm_service_allow_anonymous: true on purpose"
         )
     return errors

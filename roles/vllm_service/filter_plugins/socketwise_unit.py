@@ -1,16 +1,16 @@
 """Ansible door into socketwise.serve.unitvalues: the filters `systemd_quote` and
-`socketwise_unit_value_errors`."""
+`socketwise_unit_value_errors`, `socketwise_secret_errors`."""
 
 import sys
 from pathlib import Path
 
 try:
-    from socketwise.serve.unitvalues import quote, unit_value_errors
+    from socketwise.serve.unitvalues import quote, secret_errors, unit_value_errors
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.serve.unitvalues import quote, unit_value_errors
+    from socketwise.serve.unitvalues import quote, secret_errors, unit_value_errors
 
 
 def systemd_quote(value, command_line=True):
@@ -21,9 +21,14 @@ def socketwise_unit_value_errors(values):
     return unit_value_errors(values)
 
 
+def socketwise_secret_errors(values):
+    return secret_errors(values)
+
+
 class FilterModule:
     def filters(self):
         return {
             "systemd_quote": systemd_quote,
             "socketwise_unit_value_errors": socketwise_unit_value_errors,
+            "socketwise_secret_errors": socketwise_secret_errors,
         }

@@ -1,0 +1,135 @@
+"""Talk to a deployed front door as a client would, and look for a secret where it must
+not be: shared by the lab tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import subprocess
+from pathlib import Path
+
+from socketwise.lab import machines as lab
+
+# Every vLLM route that is not an OpenAI client's, as the issue lists them, and spellings
+# of allowed ones that must not slip through (encoded, dotted, other case).
+REFUSED_PATHS = [
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+    "/invocations",
+    "/collective_rpc",
+    "/sleep",
+    "/wake_up",
+    "/reset_prefix_cache",
+    "/start_profile",
+    "/stop_profile",
+    "/scale_elastic_ep",
+    "/load_lora_adapter",
+    "/unload_lora_adapter",
+    "/pause",
+    "/resume",
+    "/update_weights",
+    "/server_info",
+    "/version",
+    "/docs",
+    "/openapi.json",
+    "/v1/load_lora_adapter",
+    "/v1/completions/../../metrics",
+    "/v1/%63ompletions",
+    "/V1/completions",
+]
+COMPLETION = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6}
+
+
+def call(
+    address: str,
+    port: int,
+    path: str,
+    key: str | None = None,
+    body: dict | None = None,
+    tls: bool = False,
+) -> tuple[int, bytes]:
+    """(status, body) of one request; the path goes out exactly as given."""
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection = http.client.HTTPSConnection(address, port, timeout=60, context=context)
+    else:
+        connection = http.client.HTTPConnection(address, port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        connection.request(
+            "POST" if body is not None else "GET",
+            path,
+            body=json.dumps(body) if body is not None else None,
+            headers=headers,
+        )
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def completion_tokens(address: str, port: int, key: str, tls: bool = False) -> int:
+    status, body = call(address, port, "/v1/completions", key, COMPLETION, tls)
+    assert status == 200, (status, body[:300])
+    return json.loads(body)["usage"]["completion_tokens"]
+
+
+def answers(address: str, port: int) -> bool:
+    """Whether anything accepts a TCP connection there."""
+    try:
+        socket.create_connection((address, port), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+# Runs on the host with the key on standard input, so the key is in no command line.
+_FIND_ON_HOST = r"""
+import glob, os, subprocess, sys
+key = sys.stdin.read().strip()
+found = []
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        if key in open(path, "rb").read().decode(errors="replace"):
+            found.append(path)
+    except OSError:
+        pass
+for path in glob.glob("/etc/systemd/system/socketwise-*") + ["/etc/socketwise/haproxy.cfg"]:
+    if os.path.isfile(path) and key in open(path).read():
+        found.append(path)
+units = [os.path.basename(p) for p in glob.glob("/etc/systemd/system/socketwise-*.service")]
+for command in (["systemctl", "show", *units], ["journalctl", "--no-pager", "-o", "cat"]):
+    if key in subprocess.run(command, capture_output=True, text=True).stdout:
+        found.append(" ".join(command[:2]))
+print("\n".join(found))
+"""
+
+
+def key_places_on_host(machine: lab.Machine, key: str) -> list[str]:
+    """Where on the host `key` shows outside its root-only files: process command lines,
+    unit files, `systemctl show`, the journal, the front door's configuration."""
+    done = subprocess.run(
+        lab.ssh_command(machine, f"python3 -c '{_FIND_ON_HOST}'"),
+        input=key,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def files_holding(directory: Path, key: str) -> list[Path]:
+    return [
+        path
+        for path in directory.rglob("*")
+        if path.is_file() and key.encode() in path.read_bytes()
+    ]
