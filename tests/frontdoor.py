@@ -124,7 +124,7 @@ def key_places_on_host(machine: lab.Machine, key: str) -> list[str]:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.splitlines()
+    return [line for line in done.stdout.splitlines() if line]
 
 
 def files_holding(directory: Path, key: str) -> list[Path]:

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from socketwise.lab import machines as lab
+from socketwise.lab.common import api_key_path
 
+from .frontdoor import files_holding, key_places_on_host
 from .labs import fresh_lab
 from .playbooks import run_playbook
 from .test_deploy_lab import on_host
@@ -112,3 +114,13 @@ def test_a_load_generator_outside_the_group_is_refused_before_any_load(sweep_run
     )
     # The last run's results on the served host are untouched.
     assert on_host(served, "stat -c %Y /var/lib/socketwise/bench/spec.json") == before
+
+
+def test_the_key_guidellm_sent_is_gone_from_the_load_generator_and_the_run(sweep_run):
+    run_dir, stdout, machines = sweep_run
+    key = api_key_path().read_text().strip()
+    assert key not in stdout
+    assert files_holding(run_dir, key) == []
+    loadgen = machines[-1]
+    assert key_places_on_host(loadgen, key) == []
+    assert on_host(loadgen, "ls /etc/socketwise/secrets") == ""

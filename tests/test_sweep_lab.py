@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from socketwise.lab.common import api_key_path
 from socketwise.measure.sweep import Profile, sweep
 from socketwise.report import analysis, render
 
+from .frontdoor import files_holding
 from .labs import fresh_lab
 from .test_report import assert_renders
 
@@ -76,3 +78,9 @@ def test_the_report_of_the_run_renders_and_decides(run_dir, tmp_path):
     assert decisions["recommendation"], decisions
     _, page = render.write(run_dir)
     assert_renders(page, tmp_path, min_images=4)
+
+
+def test_the_run_directory_holds_no_api_key(run_dir):
+    # The load went through the front door with the lab's key; none of it was kept.
+    key = api_key_path().read_text().strip()
+    assert files_holding(run_dir, key) == []

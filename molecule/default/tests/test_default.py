@@ -1,12 +1,14 @@
-"""What a user checks on a converged DP-2 host: units up, the load balancer answering a
-real completion, every vLLM worker thread on the CPUs of its rank, and a --check run
-that would change nothing."""
+"""What a user checks on a converged DP-2 host: units up, the front door answering a
+real completion with the API key (and refusing one without it), every vLLM worker
+thread on the CPUs of its rank, and a --check run that would change nothing."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import testinfra.utils.ansible_runner
@@ -36,14 +38,28 @@ def test_every_planned_unit_and_the_load_balancer_are_enabled_and_running(host):
     assert host.service("socketwise-lb").is_running
 
 
-def test_the_load_balancer_answers_a_real_completion(host):
-    body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 5})
-    port = plan(host)["endpoint_port"]
-    answer = host.check_output(
-        f"curl -sf http://{address(host)}:{port}/v1/completions "
-        f"-H 'Content-Type: application/json' -d '{body}'"
+def completion(host, key: str | None) -> dict:
+    """A completion asked of the front door from the controller, as a client would."""
+    request = urllib.request.Request(
+        f"http://{address(host)}:{plan(host)['endpoint_port']}/v1/completions",
+        data=json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 5}).encode(),
+        headers={"Content-Type": "application/json"}
+        | ({"Authorization": f"Bearer {key}"} if key else {}),
     )
-    assert json.loads(answer)["usage"]["completion_tokens"] > 0
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
+
+
+def test_the_front_door_answers_a_real_completion_with_the_key_only(host):
+    # The key `socketwise lab up` made, which the lab's group_vars hand to the deploy.
+    cache = Path(os.environ.get("SOCKETWISE_CACHE", "/var/cache/socketwise"))
+    key = (cache / "lab" / "api-key").read_text().strip()
+    assert completion(host, key)["usage"]["completion_tokens"] > 0
+    try:
+        completion(host, None)
+        raise AssertionError("the front door answered without the key")
+    except urllib.error.HTTPError as refused:
+        assert refused.code == 401
 
 
 def test_worker_threads_run_on_exactly_the_planned_cpus(host):
