@@ -17,6 +17,9 @@ Rules (see README, "The plan"):
       default kv = floor(0.75 * available), at least 1
   where a rank holds the whole model (SN, DP) or 1/tp of it (TP). An explicit
   `kv_gb` may use all of `available` but not more.
+- Every layout is served behind the front door on `port`; the instances take the
+  ports after it (port + 1, + 2, ...), each capped at the requests its engines
+  schedule at once (`max_connections`).
 - `auto`: TP only when the model does not fit one node; DP when the expected
   concurrency is above the SN/DP crossover (measured value if given, else
   DEFAULT_CROSSOVER from the field notes' dual-socket Broadwell); SN otherwise.
