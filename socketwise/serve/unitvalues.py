@@ -14,6 +14,8 @@ import ipaddress
 import re
 from collections.abc import Mapping
 
+from ..plan.planner import MAX_PORT
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -23,7 +25,6 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
 # What a key or token may hold: one word a unit's EnvironmentFile and HAProxy's
 # configuration read as itself, long enough not to be guessed.
 _SECRET = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
-MAX_PORT = 65535
 
 
 def quote(value: object, command_line: bool = True) -> str:
