@@ -85,7 +85,7 @@ def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):
     step_dir = tmp_path / "c2"
     step_dir.mkdir()
     shutil.copy(FIXTURES / "concurrent-2.json", step_dir / "guidellm.json")
-    assert benchrun.guidellm_result(step_dir) is None
+    assert benchrun.guidellm_result(step_dir, {"name": "c2", "concurrency": 2}) is None
     record = {"name": "c2", "concurrency": 2, "started": 1.0}
     (step_dir / "step.json").write_text(json.dumps(record))
     (row,) = sweep.summary_rows("lab1", "sn", tmp_path)
@@ -102,10 +102,17 @@ def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):
 
 def test_a_guidellm_burst_is_refused_not_reported(tmp_path):
     shutil.copy(FIXTURES / "poisson-burst.json", tmp_path / "guidellm.json")
-    assert benchrun.guidellm_result(tmp_path) == (
+    assert benchrun.guidellm_result(tmp_path, {"name": "r4", "rate": 4.0}) == (
         "16 request(s) scheduled before the benchmark began (burst)"
     )
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_a_flat_out_step_releasing_every_request_at_the_start_is_no_burst(tmp_path):
+    # Flat out, every request is due at the start: that is the step, not a scheduling fault.
+    shutil.copy(FIXTURES / "poisson-burst.json", tmp_path / "guidellm.json")
+    assert benchrun.guidellm_result(tmp_path, {"name": "max", "rate": "inf"}) is None
+    assert json.loads((tmp_path / "bench.json").read_text())["completed"] > 0
 
 
 def test_vllm_s_window_ends_when_its_result_was_saved(tmp_path):

@@ -4,7 +4,7 @@ import csv
 import json
 
 from socketwise.measure.rundir import SUMMARY_COLUMNS, write_csv
-from socketwise.measure.sweep import Profile, summary_rows
+from socketwise.measure.sweep import Profile, failures, summary_rows
 
 
 def test_rates_are_placed_relative_to_the_measured_maximum():
@@ -49,3 +49,30 @@ def test_bench_results_become_contract_rows(tmp_path):
         read = list(csv.DictReader(f))
     assert list(read[0]) == list(SUMMARY_COLUMNS)
     assert read[1]["output_tok_s"] == "123.456" and read[1]["rate"] == "2.0"
+
+
+def test_a_failed_step_says_why_not_only_that_items_failed():
+    item = {
+        "event": "runner_item_on_failed",
+        "event_data": {
+            "host": "lab1",
+            "task": "Run step",
+            "res": {"_ansible_item_label": "max", "stderr": "guidellm: connection refused"},
+        },
+    }
+    loop = {
+        "event": "runner_on_failed",
+        "event_data": {
+            "host": "lab1",
+            "task": "Run step",
+            "res": {"msg": "One or more items failed", "results": [{}]},
+        },
+    }
+    task = {
+        "event": "runner_on_failed",
+        "event_data": {"host": "lab2", "task": "Wait", "res": {"msg": "timed out"}},
+    }
+    assert failures([item, loop, task]) == [
+        "lab1: Run step max: guidellm: connection refused",
+        "lab2: Wait: timed out",
+    ]

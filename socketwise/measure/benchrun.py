@@ -67,6 +67,10 @@ BENCH = (
     "serve.main(p.parse_args(sys.argv[1:]))\n"
 )
 # The /metrics series a report reads: queue depth, running requests, KV cache use.
+# A paced request may be scheduled this much before the benchmark's start (clock reads).
+BURST_TOLERANCE_S = 0.001
+# Lines of a failed step's log the controller shows.
+FAILURE_LINES = 12
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
@@ -183,15 +187,22 @@ def guidellm_env(auth: Auth) -> dict[str, str]:
     }
 
 
-def guidellm_result(step_dir: Path) -> str | None:
-    """Write bench.json in vLLM's field names from guidellm.json; a reason when unusable."""
+def guidellm_result(step_dir: Path, step: dict) -> str | None:
+    """Write bench.json in vLLM's field names from guidellm.json; a reason when unusable.
+
+    A step at a fixed rate whose requests were scheduled before the benchmark began was
+    a burst, not that rate. Concurrent and flat-out steps release their first requests
+    at the start by design, so only rate steps are checked.
+    """
     report = json.loads((step_dir / "guidellm.json").read_text())
     (bench,) = report["benchmarks"]
     metrics, totals = bench["metrics"], bench["metrics"]["request_totals"]
+    paced = "concurrency" not in step and str(step.get("rate")) != "inf"
+    start = bench["scheduler_state"]["start_time"] - BURST_TOLERANCE_S
     early = [
         r for r in bench["requests"]["successful"]
-        if r["info"]["timings"]["targeted_start"] < bench["scheduler_state"]["start_time"]
-    ]  # fmt: skip
+        if r["info"]["timings"]["targeted_start"] < start
+    ] if paced else []  # fmt: skip
     if early:
         return f"{len(early)} request(s) scheduled before the benchmark began (burst)"
 
@@ -245,7 +256,7 @@ def run_step(spec: dict, name: str) -> dict:
     log = done.stdout[-20000:] + done.stderr[-20000:]
     returncode = done.returncode
     if returncode == 0 and result_of is not None:
-        problem = result_of(step_dir)
+        problem = result_of(step_dir, step)
         if problem:
             log += f"\nsocketwise: the result is unusable: {problem}\n"
             returncode = 3
@@ -398,9 +409,15 @@ def main(argv: list[str]) -> int:
         Path(argv[2]).write_text(json.dumps(result) + "\n")
         return 0
     if len(argv) == 4 and argv[1] == "step":
-        record = run_step(json.loads(Path(argv[2]).read_text()), argv[3])
+        spec = json.loads(Path(argv[2]).read_text())
+        record = run_step(spec, argv[3])
         print(json.dumps(record))
-        return 0 if record["returncode"] == 0 else 1
+        if record["returncode"] != 0:
+            # The controller shows this when the step fails; the whole log stays in the run.
+            log = (Path(spec["out"]) / argv[3] / "bench.log").read_text().splitlines()
+            print("\n".join(log[-FAILURE_LINES:]), file=sys.stderr)
+            return 1
+        return 0
     if len(argv) == 3 and argv[1] == "monitor":
         spec = json.loads(Path(argv[2]).read_text())
         Path(spec["out"]).mkdir(parents=True, exist_ok=True)

@@ -126,13 +126,24 @@ def _runner(
             event_handler=on_event,
         )
         if result.rc != 0:
-            failed = [
-                f"{event['event_data'].get('host')}: {event['event_data'].get('task')}: "
-                f"{event['event_data'].get('res', {}).get('msg', '')}"
-                for event in result.events
-                if event.get("event") == "runner_on_failed"
-            ]
-            raise SweepError(f"{playbook} failed ({result.status}): {'; '.join(failed)}")
+            failed = "; ".join(failures(result.events))
+            raise SweepError(f"{playbook} failed ({result.status}): {failed}")
+
+
+def failures(events: Iterable[dict]) -> list[str]:
+    """Host, task and why for every failed task or loop item: an item's own stderr (a
+    benchmark step prints its log's tail there), else the message. A loop's summary
+    ("One or more items failed") is left out: its items said more."""
+    found = []
+    for event in events:
+        data = event.get("event_data", {})
+        result = data.get("res", {})
+        item = event.get("event") == "runner_item_on_failed"
+        if item or (event.get("event") == "runner_on_failed" and "results" not in result):
+            why = result.get("stderr") or result.get("msg", "")
+            label = f" {result['_ansible_item_label']}" if "_ansible_item_label" in result else ""
+            found.append(f"{data.get('host')}: {data.get('task')}{label}: {why}")
+    return found
 
 
 def served_hosts(inventory: Path) -> list[str]:
