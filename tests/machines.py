@@ -139,6 +139,19 @@ MACHINES: dict[str, Machine] = {
         cores=[(c // 64, c // 64, (c, c + 128)) for c in range(128)],
         **_two_nodes(384, remote=32),
     ),
+    # The same EPYC pair in NPS4: each socket is four nodes of 16 cores.
+    "epyc-nps4": Machine(
+        vendor="AuthenticAMD",
+        model_name="AMD EPYC 9554 64-Core Processor",
+        family=25,
+        model=17,
+        flags=GENOA_FLAGS,
+        cores=[(c // 64, c // 16, (c, c + 128)) for c in range(128)],
+        node_memory_gb={node: 96 for node in range(8)},
+        distances=[
+            [10 if a == b else 12 if a // 4 == b // 4 else 32 for b in range(8)] for a in range(8)
+        ],  # fmt: skip
+    ),
     # Sapphire Rapids in SNC2: each socket is split into two nodes of 28 cores.
     "snc": Machine(
         vendor="GenuineIntel",

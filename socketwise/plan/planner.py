@@ -20,6 +20,8 @@ Rules (see README, "The plan"):
 - Every layout is served behind the front door on `port`; the instances take the
   ports after it (port + 1, + 2, ...), each capped at the requests its engines
   schedule at once (`max_connections`).
+- Every plan names the host's hardware class (`hwclass`): hosts of one class get
+  the same plan shape from the same request.
 - `auto`: TP only when the model does not fit one node; DP when the expected
   concurrency is above the SN/DP crossover (measured value if given, else
   DEFAULT_CROSSOVER from the field notes' dual-socket Broadwell); SN otherwise.
@@ -36,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..facts import topology  # relative: shipped to hosts with host.tuning
+from .hwclass import hardware_class
 
 LAYOUTS = ("sn", "tp", "dp", "auto")
 DP_MODES = ("instances", "vllm")
@@ -473,6 +476,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         "load_balancer": load_balancer,
         "nodes": node_uses,
         "request": asdict(request),
+        "hardware_class": hardware_class(topo),
     }
 
 
@@ -559,7 +563,15 @@ def _load_topology(args: argparse.Namespace) -> dict:
             return topology.detect(args.root or "/")
         except topology.TopologyError as exc:
             raise PlanError("topology", str(exc)) from exc
+    return read_topology(args.topology)
+
+
+def read_topology(path: Path) -> dict:
+    """A saved topology document (`socketwise topology` output), checked as plan() would;
+    PlanError("topology", ...) names what is wrong with it."""
     try:
-        return json.loads(args.topology.read_text(encoding="utf-8"))
+        topo = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError("topology", f"cannot read topology file {args.topology}: {exc}") from exc
+        raise PlanError("topology", f"cannot read topology file {path}: {exc}") from exc
+    _check_topology(topo)
+    return topo

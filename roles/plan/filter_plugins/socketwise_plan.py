@@ -1,14 +1,17 @@
-"""Ansible door into socketwise.plan.planner: the filter `socketwise_plan`."""
+"""Ansible doors into socketwise.plan: the filters `socketwise_plan` and
+`socketwise_fleet_summary`/`socketwise_fleet_lines` (the fleet's dry run)."""
 
 import sys
 from pathlib import Path
 
 try:
+    from socketwise.plan import fleet
     from socketwise.plan.planner import PlanError, PlanRequest, plan
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from socketwise.plan import fleet
     from socketwise.plan.planner import PlanError, PlanRequest, plan
 
 
@@ -28,6 +31,20 @@ def socketwise_plan(topology, **request):
         return {"plan": None, "error": str(exc), "field": exc.field}
 
 
+def socketwise_fleet_summary(plans, artifacts_dir):
+    """{host: plan} -> fleet.summary, each host compared with its last deploy."""
+    return fleet.summary(
+        [
+            {"host": host, "plan": planned, "deployed": fleet.deployed_plan(artifacts_dir, host)}
+            for host, planned in plans.items()
+        ]
+    )
+
+
 class FilterModule:
     def filters(self):
-        return {"socketwise_plan": socketwise_plan}
+        return {
+            "socketwise_plan": socketwise_plan,
+            "socketwise_fleet_summary": socketwise_fleet_summary,
+            "socketwise_fleet_lines": fleet.lines,
+        }

@@ -1,0 +1,115 @@
+"""The fleet's dry run: a fleet of three hardware classes planned from saved topologies,
+with no server reachable (inventories/example-fleet)."""
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from socketwise.facts.topology import detect
+from socketwise.plan import fleet
+from socketwise.plan.planner import PlanRequest, plan
+
+from .machines import build_machine
+from .playbooks import REPO, run_playbook
+
+FLEET = REPO / "inventories" / "example-fleet"
+# The fixture machine each saved topology was written from.
+SAVED_FROM = {"r730": "r730", "epyc": "epyc-nps4", "spr": "snc"}
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """plan.yml on the example fleet twice: first with nothing deployed, then after
+    r730-01 was deployed as SN and r730-02 as what is planned now."""
+    artifacts = tmp_path_factory.mktemp("artifacts")
+    first = run_playbook(
+        "playbooks/plan.yml", "-i", str(FLEET), env={"SOCKETWISE_ARTIFACTS": str(artifacts)}
+    )
+    planned = json.loads((artifacts / "r730-02" / "plan.json").read_text())
+    topo = json.loads((FLEET / "topologies" / "r730-01.json").read_text())
+    deployed = {
+        "r730-01": plan(topo, PlanRequest(layout="sn", model_gb=16)),
+        "r730-02": planned,
+    }
+    for host, deployed_plan in deployed.items():
+        (artifacts / host / "deploy-summary.json").write_text(json.dumps({"plan": deployed_plan}))
+    second = run_playbook(
+        "playbooks/plan.yml", "-i", str(FLEET), env={"SOCKETWISE_ARTIFACTS": str(artifacts)}
+    )
+    return first, second, artifacts
+
+
+@pytest.mark.parametrize(
+    "saved", sorted((FLEET / "topologies").glob("*.json")), ids=lambda p: p.stem
+)
+def test_the_saved_topologies_are_what_detection_reads_on_those_servers(saved, tmp_path):
+    fixture = SAVED_FROM[saved.stem.split("-")[0]]
+    assert json.loads(saved.read_text()) == detect(build_machine(fixture, tmp_path / fixture))
+
+
+def test_the_dry_run_plans_every_class_without_reaching_a_server(dry_run):
+    first, _, artifacts = dry_run
+    assert first.returncode == 0, first.output[-3000:]
+    for host in ("r730-01", "r730-02", "epyc-01", "epyc-02", "spr-01", "spr-02"):
+        assert first.recap(host)["unreachable"] == 0
+    # The fleet front door serves nothing, so it is not planned.
+    assert not (artifacts / "lb-01").exists()
+    summary = json.loads((artifacts / "fleet-plan.json").read_text())
+    classes = {c["isa"]: c for c in summary["classes"]}
+    assert sorted(classes) == ["amx", "avx2", "zen"]
+    assert [h["host"] for h in classes["zen"]["hosts"]] == ["epyc-01", "epyc-02"]
+    assert all(c["same_shape"] for c in summary["classes"])
+    assert classes["avx2"]["hosts"][0]["shape"]["layout"] == "dp"  # concurrency 8 > crossover 6
+    assert len(classes["zen"]["hosts"][0]["shape"]["instances"]) == 8  # one per NPS4 node
+    assert classes["amx"]["hosts"][0]["shape"]["layout"] == "sn"
+
+
+def test_the_dry_run_prints_class_host_layout_ports_build_and_changes(dry_run):
+    first, _, _ = dry_run
+    assert "class amd-2s8n-128c-768g-zen-" in first.output
+    assert "8 NUMA node(s) of 16 cores, 768 GB, build zen" in first.output
+    assert "r730-01: DP (instances), front door :8000, build avx2" in first.output
+    assert (
+        "vllm-dp1 :8002 1 rank on node(s) 1, cores 1,3,5,7,9,11,13,15,17,19,21,23" in first.output
+    )
+    assert "spr-02: SN, front door :8000, build amx" in first.output
+    assert first.output.count("would change: new: nothing deployed yet") == 6
+
+
+def test_the_dry_run_names_what_would_change_against_the_last_deploy(dry_run):
+    _, second, artifacts = dry_run
+    assert second.returncode == 0, second.output[-3000:]
+    hosts = {
+        h["host"]: h["changes"]
+        for c in json.loads((artifacts / "fleet-plan.json").read_text())["classes"]
+        for h in c["hosts"]
+    }
+    assert hosts["r730-01"] == ["layout sn -> dp", "instances vllm-sn -> vllm-dp0, vllm-dp1"]
+    assert hosts["r730-02"] == []
+    assert "r730-02: DP (instances)" in second.output
+    assert "would change: nothing" in second.output
+
+
+def test_a_bad_topology_file_stops_the_host_with_one_line(tmp_path):
+    saved = tmp_path / "broken.json"
+    saved.write_bytes(b"\xff not json")
+    done = run_playbook(
+        "playbooks/plan.yml", "-i", str(FLEET), "--limit", "spr-01",
+        "-e", f"socketwise_topology_file={saved}", env={"SOCKETWISE_ARTIFACTS": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert f"spr-01: socketwise_topology_file={saved}: cannot read topology file" in done.output
+
+
+def test_a_change_of_cores_on_one_instance_is_named():
+    with tempfile.TemporaryDirectory() as root:
+        topo = detect(build_machine("r730", Path(root) / "r730"))
+    before = plan(topo, PlanRequest(layout="dp", model_gb=16))
+    after = plan(topo, PlanRequest(layout="dp", model_gb=16, reserve_cores=4))
+    assert fleet.changes(before, after) == [
+        "vllm-dp0: threads 0,2,4,6,8,10,12,14,16,18,20,22 -> 0,2,4,6,8,10,12,14,16,18",
+        "vllm-dp1: threads 1,3,5,7,9,11,13,15,17,19,21,23 -> 1,3,5,7,9,11,13,15,17,19",
+    ]
+    assert fleet.changes(before, before) == []
