@@ -66,11 +66,11 @@ BENCH = (
     "p = argparse.ArgumentParser(); serve.add_cli_args(p)\n"
     "serve.main(p.parse_args(sys.argv[1:]))\n"
 )
-# The /metrics series a report reads: queue depth, running requests, KV cache use.
 # A paced request may be scheduled this much before the benchmark's start (clock reads).
 BURST_TOLERANCE_S = 0.001
 # Lines of a failed step's log the controller shows.
 FAILURE_LINES = 12
+# The /metrics series a report reads: queue depth, running requests, KV cache use.
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
