@@ -1,0 +1,72 @@
+#!/usr/bin/python
+"""Ansible door into socketwise.serve.ready (shipped as module_utils, stdlib only)."""
+
+DOCUMENTATION = r"""
+---
+module: socketwise_ready
+short_description: Wait until every vLLM instance answers /health, or stop at the first that cannot
+description:
+  - Polls each instance's /health and its unit's state. Fails as soon as a unit fails or
+    restarts while awaited (it would not come up on its own), with its last journal lines,
+    or when I(timeout) passes.
+  - Returns the seconds each instance took, from the call (restart-to-ready).
+  - Read-only.
+options:
+  units:
+    description: The instances' systemd units.
+    type: list
+    elements: str
+    required: true
+  urls:
+    description: The /health URL of each unit's instance, in the same order.
+    type: list
+    elements: str
+    required: true
+  timeout:
+    description: Seconds to wait at most.
+    type: int
+    default: 600
+author: socketwise
+"""
+
+RETURN = r"""
+ready:
+  description: Seconds each unit took to answer /health.
+  type: dict
+  returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.socketwise.serve.ready import journal_tail, last_error, wait_ready
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "units": {"type": "list", "elements": "str", "required": True},
+            "urls": {"type": "list", "elements": "str", "required": True},
+            "timeout": {"type": "int", "default": 600},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    if len(params["units"]) != len(params["urls"]):
+        module.fail_json(msg="give one /health URL per unit")
+    pairs = zip(params["units"], params["urls"], strict=True)
+    instances = [{"unit": unit, "url": url} for unit, url in pairs]
+    result = wait_ready(instances, params["timeout"])
+    if result["failed"]:
+        ((unit, why),) = result["failed"].items()
+        journal = journal_tail(unit)
+        module.fail_json(msg=f"{why}: {last_error(journal)}\n{journal}", **result)
+    if result["waiting"]:
+        module.fail_json(
+            msg=f"no answer on /health within {module.params['timeout']} s from "
+            + ", ".join(result["waiting"]),
+            **result,
+        )
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Readiness: every instance up, or the first one that cannot come up named at once."""
+
+from socketwise.serve.ready import last_error, wait_ready
+
+UP = {"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0"}
+
+
+def test_every_instance_answering_is_ready():
+    answers = {"http://a/health": iter([False, True]), "http://b/health": iter([True])}
+    result = wait_ready(
+        [{"unit": "a", "url": "http://a/health"}, {"unit": "b", "url": "http://b/health"}],
+        timeout=5, state=lambda unit: UP, probe=lambda url: next(answers[url]), interval=0,
+    )  # fmt: skip
+    assert sorted(result["ready"]) == ["a", "b"]
+    assert (result["failed"], result["waiting"]) == ({}, [])
+
+
+def test_a_unit_that_crashes_while_awaited_stops_the_wait_at_once():
+    states = iter([UP, {**UP, "ActiveState": "activating", "SubState": "auto-restart",
+                        "Result": "exit-code"}])  # fmt: skip
+    result = wait_ready(
+        [{"unit": "socketwise-vllm-sn.service", "url": "http://x/health"}],
+        timeout=600, state=lambda unit: next(states), probe=lambda url: False, interval=0,
+    )  # fmt: skip
+    assert result["failed"] == {
+        "socketwise-vllm-sn.service": "socketwise-vllm-sn.service is activating (exit-code) "
+        "and restarted 0 time(s) while awaited"
+    }
+
+
+def test_a_restart_counted_by_systemd_stops_the_wait():
+    states = iter([UP, {**UP, "NRestarts": "1"}])
+    result = wait_ready(
+        [{"unit": "u", "url": "http://x/health"}],
+        timeout=600, state=lambda unit: next(states), probe=lambda url: False, interval=0,
+    )  # fmt: skip
+    assert "restarted 1 time(s)" in result["failed"]["u"]
+
+
+def test_an_instance_still_loading_at_the_timeout_is_named():
+    result = wait_ready(
+        [{"unit": "u", "url": "http://x/health"}],
+        timeout=0, state=lambda unit: UP, probe=lambda url: False, interval=0,
+    )  # fmt: skip
+    assert result == {"ready": {}, "failed": {}, "waiting": ["u"]}
+
+
+def test_the_line_that_says_why_is_the_last_error_of_the_journal():
+    journal = (
+        "usage: api_server.py [-h] [--model MODEL]\n"
+        "api_server.py: error: unrecognized arguments: --no-such-flag\n"
+        "socketwise-vllm-sn.service: Main process exited, code=exited, status=2/INVALIDARGUMENT\n"
+    )
+    assert last_error(journal) == "api_server.py: error: unrecognized arguments: --no-such-flag"
+    assert last_error("") == "(nothing in the journal)"
