@@ -134,12 +134,13 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 "give ORG/NAME with letters, digits and . _ - only",
             )
         )
-    return errors + _address_errors(values)
+    return errors + address_errors(values)
 
 
-def _address_errors(values: Mapping[str, object]) -> list[str]:
+def address_errors(values: Mapping[str, object]) -> list[str]:
     """The front door on the public address, the instances on a loopback one, the metrics
-    listener on a named (not wildcard) one, each port in 1-65535."""
+    listener on a named (not wildcard) one, each port in 1-65535 (those given in `values`;
+    a fleet front door has only the public address and its port)."""
     errors = []
     rules = [
         ("vllm_service_listen_address", lambda a: True, "give one such as 127.0.0.1 or 0.0.0.0"),
@@ -165,11 +166,10 @@ def _address_errors(values: Mapping[str, object]) -> list[str]:
             continue
         if not allowed(parsed):
             errors.append(_problem(variable, address, "is not allowed here", fix))
-    port = values.get("vllm_service_metrics_port", 1)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
-        errors.append(
-            _problem("vllm_service_metrics_port", port, "is not a port", f"give 1-{MAX_PORT}")
-        )
+    for variable in ("vllm_service_metrics_port", "vllm_service_fleet_port"):
+        port = values.get(variable, 1)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
+            errors.append(_problem(variable, port, "is not a port", f"give 1-{MAX_PORT}"))
     return errors
 
 

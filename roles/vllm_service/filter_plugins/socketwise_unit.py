@@ -1,16 +1,26 @@
 """Ansible door into socketwise.serve.unitvalues: the filters `systemd_quote` and
-`socketwise_unit_value_errors`, `socketwise_secret_errors`."""
+`socketwise_unit_value_errors`, `socketwise_secret_errors`, `socketwise_address_errors`."""
 
 import sys
 from pathlib import Path
 
 try:
-    from socketwise.serve.unitvalues import quote, secret_errors, unit_value_errors
+    from socketwise.serve.unitvalues import (
+        address_errors,
+        quote,
+        secret_errors,
+        unit_value_errors,
+    )
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.serve.unitvalues import quote, secret_errors, unit_value_errors
+    from socketwise.serve.unitvalues import (
+        address_errors,
+        quote,
+        secret_errors,
+        unit_value_errors,
+    )
 
 
 def systemd_quote(value, command_line=True):
@@ -31,4 +41,5 @@ class FilterModule:
             "systemd_quote": systemd_quote,
             "socketwise_unit_value_errors": socketwise_unit_value_errors,
             "socketwise_secret_errors": socketwise_secret_errors,
+            "socketwise_address_errors": address_errors,
         }
