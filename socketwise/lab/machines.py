@@ -351,9 +351,12 @@ def _failed_units(machine: Machine) -> str:
 # --- inventory ---------------------------------------------------------------------------
 
 
-def write_inventory(machines: list[Machine], inventory_dir: Path, loadgen: int = 0) -> Path:
+def write_inventory(
+    machines: list[Machine], inventory_dir: Path, loadgen: int = 0, frontdoor: int = 0
+) -> Path:
     """Write `hosts.yml` with group `lab`; the last `loadgen` machines are also in the
-    group `socketwise_loadgen` (they generate load and serve nothing). Strings are
+    group `socketwise_loadgen` (they generate load and serve nothing), the `frontdoor`
+    ones before them in `socketwise_frontdoor` (the fleet front door). Strings are
     JSON-quoted: valid YAML scalars."""
     lines = [
         "# Written by `socketwise lab up`; rewritten on every `up`. Do not edit.",
@@ -378,6 +381,10 @@ def write_inventory(machines: list[Machine], inventory_dir: Path, loadgen: int =
     if loadgen:
         lines += ["    socketwise_loadgen:", "      hosts:"]
         lines += [f"        {machine.name}:" for machine in machines[-loadgen:]]
+    if frontdoor:
+        lines += ["    socketwise_frontdoor:", "      hosts:"]
+        doors = machines[len(machines) - loadgen - frontdoor : len(machines) - loadgen]
+        lines += [f"        {machine.name}:" for machine in doors]
     inventory_dir.mkdir(parents=True, exist_ok=True)
     path = inventory_dir / INVENTORY_FILE
     write_atomically(path, "\n".join(lines) + "\n")
@@ -418,10 +425,12 @@ def up(
     readonly_proc: bool = False,
     inventory_dir: Path | None = None,
     loadgen: int = 0,
+    frontdoor: int = 0,
 ) -> list[Machine]:
     """Make lab1..lab`machines` run, write the inventory, return the running machines.
 
-    The last `loadgen` of the running machines go into the group socketwise_loadgen.
+    The last `loadgen` of the running machines go into the group socketwise_loadgen, the
+    `frontdoor` before them into socketwise_frontdoor.
 
     Machines already running are left as they are, including their /proc mode:
     `readonly_proc` applies to the machines this call boots. Machines beyond `machines`
@@ -429,10 +438,10 @@ def up(
     """
     if not 1 <= machines <= MAX_MACHINES:
         raise LabError(f"--machines must be between 1 and {MAX_MACHINES}, not {machines}")
-    if not 0 <= loadgen < machines:
+    if loadgen < 0 or frontdoor < 0 or loadgen + frontdoor >= machines:
         raise LabError(
-            f"--loadgen {loadgen}: it must leave at least one of the {machines} machine(s) "
-            f"to serve; raise --machines or lower --loadgen"
+            f"--loadgen {loadgen} --frontdoor {frontdoor}: they must leave at least one of "
+            f"the {machines} machine(s) to serve; raise --machines or lower them"
         )
     require_root()
     with locked():
@@ -479,7 +488,9 @@ def up(
                 _write_state([m for m in current.values() if m.running])
         running = [machine for machine in current.values() if machine.running]
         running.sort(key=lambda machine: machine_index(machine.name))
-        inventory = write_inventory(running, inventory_dir or default_inventory_dir(), loadgen)
+        inventory = write_inventory(
+            running, inventory_dir or default_inventory_dir(), loadgen, frontdoor
+        )
         say(f"inventory {inventory}")
         return running
 
@@ -549,7 +560,7 @@ def down(purge: bool = False) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    up(args.machines, args.readonly_proc, args.inventory, args.loadgen)
+    up(args.machines, args.readonly_proc, args.inventory, args.loadgen, args.frontdoor)
     return 0
 
 
@@ -595,6 +606,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0,
         metavar="N",
         help="put the last N machines in the group socketwise_loadgen (load generators)",
+    )
+    up_parser.add_argument(
+        "--frontdoor",
+        type=int,
+        default=0,
+        metavar="N",
+        help="put the N machines before the load generators in the group socketwise_frontdoor "
+        "(the fleet front door)",
     )
     up_parser.add_argument(
         "--readonly-proc",

@@ -1,0 +1,345 @@
+"""Fleet rollout on the lab: three serving machines behind a fleet front door (a fourth),
+changed while vLLM's own benchmark sends load through that front door.
+
+One deployment for the module; each stage builds on the last: a rollout that changes
+nothing, a rolling update to a new release (a new model revision and a changed vLLM
+argument), a rollout whose second host cannot become healthy, and a vLLM killed under
+load. The lab inventory gets `--enforce-eager` here: the tiny model then restarts in
+about 20 s instead of 60 s (torch compile), which the rollout's logic does not depend on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from socketwise.common import paths
+from socketwise.lab import machines as lab
+from socketwise.lab.common import api_key_path
+from socketwise.measure.benchrun import BENCH
+
+from . import frontdoor
+from .labs import fresh_lab
+from .playbooks import REPO, PlaybookRun, run_playbook
+
+pytestmark = pytest.mark.lab
+
+SERVING = ("lab1", "lab2", "lab3")
+UNITS = "/etc/systemd/system/socketwise-*.service"
+VLLM_UNIT = "socketwise-vllm-sn.service"
+FLEET_PORT = 8000
+# A rate a fleet missing one host carries on the lab's two cores, in runs of the tool that
+# overlap by more than its start-up.
+LOAD_RATE = 1.0
+CHUNK_PROMPTS = 60
+CHUNK_EVERY = 35
+
+
+@dataclass
+class Fleet:
+    machines: dict[str, lab.Machine]
+    inventory: Path
+    artifacts: Path
+    work: Path
+
+    def run(self, playbook: str, *extra: str) -> tuple[PlaybookRun, float]:
+        started = time.monotonic()
+        done = run_playbook(
+            playbook, "-i", str(self.inventory), *extra,
+            env={"SOCKETWISE_ARTIFACTS": str(self.artifacts)},
+        )  # fmt: skip
+        return done, time.monotonic() - started
+
+    def on(self, host: str, command: str) -> str:
+        result = subprocess.run(
+            lab.ssh_command(self.machines[host], command),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, f"{host}: {command!r}: {result.stderr}"
+        return result.stdout.strip()
+
+    def summary(self) -> dict[str, dict]:
+        hosts = json.loads((self.artifacts / "rollout-summary.json").read_text())["hosts"]
+        return {entry["host"]: entry for entry in hosts}
+
+    def footprint(self, host: str) -> dict[str, str]:
+        """What a rollout must not touch on a host it has not reached."""
+        return {
+            "release": self.on(host, "readlink /opt/socketwise/releases/current"),
+            "files": self.on(
+                host, f"sha256sum {UNITS} /etc/socketwise/haproxy.cfg"
+            ),
+            "started": self.on(
+                host, f"systemctl show -p ExecMainStartTimestampMonotonic {VLLM_UNIT} "
+                "socketwise-lb.service",
+            ),
+        }  # fmt: skip
+
+    def fleet_servers(self) -> dict[str, dict[str, str]]:
+        """The fleet front door's own view (runtime API): per host, status and sessions."""
+        reader = (
+            "import socket; s = socket.socket(socket.AF_UNIX); "
+            "s.connect('/run/socketwise-fleet/admin.sock'); s.sendall(b'show stat\\n'); "
+            "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())"
+        )
+        lines = self.on("lab4", f'python3 -c "{reader}"').splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {
+            r["svname"]: r for r in rows if r.get("pxname") == "fleet" and r["svname"] in SERVING
+        }
+
+
+class Load:
+    """vLLM's benchmark through the fleet front door at a fixed rate, for as long as it
+    takes: runs of CHUNK_PROMPTS requests, a new one every CHUNK_EVERY seconds, so each
+    starts sending before the last one stops and there is no gap. Every figure is the
+    tool's own, summed over its runs."""
+
+    def __init__(self, fleet: Fleet, name: str):
+        self.fleet, self.name = fleet, name
+        self.runs: list[dict] = []
+        self.stopping = threading.Event()
+        self.launcher = threading.Thread(target=self._launch, daemon=True)
+        self.launcher.start()
+
+    def _launch(self) -> None:
+        while not self.stopping.is_set():
+            self.runs.append(self._run(len(self.runs)))
+            self.stopping.wait(CHUNK_EVERY)
+
+    def _run(self, index: int) -> dict:
+        cache = paths.cache_dir()
+        result = self.fleet.work / f"{self.name}-{index}.json"
+        process = subprocess.Popen(
+            [str(cache / "vllm-venv" / "bin" / "python"), "-c", BENCH,
+             "--backend", "vllm",
+             "--base-url", f"http://{self.fleet.machines['lab4'].address}:{FLEET_PORT}",
+             "--endpoint", "/v1/completions", "--model", "tiny-llama",
+             "--tokenizer", str(cache / "models" / "tiny-llama"), "--dataset-name", "random",
+             "--random-input-len", "32", "--random-output-len", "32",
+             "--num-prompts", str(CHUNK_PROMPTS), "--request-rate", str(LOAD_RATE),
+             "--seed", str(index), "--save-result", "--result-dir", str(self.fleet.work),
+             "--result-filename", result.name],
+            cwd=self.fleet.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "OPENAI_API_KEY": api_key_path().read_text().strip()},
+        )  # fmt: skip
+        run = {"process": process, "result": result, "output": "", "ended": 0.0}
+
+        def watch() -> None:
+            run["output"] = process.communicate()[0]
+            run["ended"] = time.time()
+
+        run["watcher"] = threading.Thread(target=watch, daemon=True)
+        run["watcher"].start()
+        return run
+
+    def finish(self) -> dict:
+        """sent, completed, failed, and `windows`: when each run was sending, as epoch
+        seconds (its own benchmark duration, back from when it exited)."""
+        self.stopping.set()
+        self.launcher.join()
+        totals = {"sent": 0, "completed": 0, "failed": 0, "windows": []}
+        for run in self.runs:
+            run["watcher"].join(timeout=600)
+            assert run["process"].returncode == 0, run["output"][-3000:]
+            result = json.loads(run["result"].read_text())
+            totals["sent"] += result["num_prompts"]
+            totals["completed"] += result["completed"]
+            totals["failed"] += result["failed"]
+            totals["windows"].append((run["ended"] - result["duration"], run["ended"]))
+        assert totals["completed"] + totals["failed"] == totals["sent"]
+        return totals
+
+
+def covered(windows: list[tuple[float, float]], until: float) -> bool:
+    """Whether the load's sending windows leave no gap from the first one to `until`."""
+    reached = windows[0][1]
+    for start, end in windows[1:]:
+        if start > reached:
+            return False
+        reached = max(reached, end)
+    return reached >= until
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[Fleet]:
+    work = tmp_path_factory.mktemp("fleet")
+    with fresh_lab(machines=4, frontdoor=1) as machines:
+        inventory = work / "inventory"
+        (inventory / "group_vars").mkdir(parents=True)
+        (inventory / "host_vars").mkdir()
+        shutil.copy(REPO / "inventories" / "lab" / "hosts.yml", inventory / "hosts.yml")
+        committed = (REPO / "inventories" / "lab" / "group_vars" / "lab.yml").read_text()
+        (inventory / "group_vars" / "lab.yml").write_text(
+            committed + 'vllm_service_extra_args: ["--enforce-eager"]\n'
+        )
+        built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work)
+        done, seconds = built.run("deploy.yml")
+        assert done.returncode == 0, done.output[-4000:]
+        print(f"\ndeploy of 3 hosts and the fleet front door: {seconds:.0f} s")
+        yield built
+
+
+@pytest.fixture(scope="module")
+def noop(fleet) -> tuple[PlaybookRun, float, dict, dict]:
+    before = {host: fleet.footprint(host) for host in SERVING}
+    done, seconds = fleet.run("rollout.yml")
+    print(f"\nno-op rollout of 3 hosts: {seconds:.0f} s")
+    return done, seconds, before, {host: fleet.footprint(host) for host in SERVING}
+
+
+@pytest.fixture(scope="module")
+def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
+    """Every host to a new model revision with a changed vLLM argument, under load."""
+    revision = fleet.work / "revision-2" / "tiny-llama"
+    shutil.copytree(paths.cache_dir() / "models" / "tiny-llama", revision)
+    (revision / "REVISION").write_text("2: the same weights, a new revision of the repository\n")
+    (fleet.inventory / "group_vars" / "all.yml").write_text(
+        f'vllm_model_path: "{revision}"\n'
+        'vllm_service_extra_args: ["--enforce-eager", "--max-num-seqs", "64"]\n'
+    )
+    load = Load(fleet, "rolling-load")
+    time.sleep(15)  # the tool is sending before the rollout starts
+    try:
+        done, seconds = fleet.run("rollout.yml")
+    finally:
+        result = load.finish()
+    print(
+        f"\nrolling update of 3 hosts under load: {seconds:.0f} s; load sent {result['sent']}, "
+        f"failed {result['failed']} ({len(result['windows'])} runs of the tool)"
+    )
+    return done, seconds, result, fleet.summary()
+
+
+@pytest.fixture(scope="module")
+def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
+    """lab1 gets a good new release; lab2's cannot start; lab3 is never reached."""
+    for host, args in {"lab1": [], "lab2": ["--no-such-flag"], "lab3": []}.items():
+        (fleet.inventory / "host_vars" / f"{host}.yml").write_text(
+            "vllm_service_extra_args: "
+            + json.dumps(["--enforce-eager", "--max-num-seqs", "32", *args])
+            + "\n"
+        )
+    untouched = fleet.footprint("lab3")
+    before = fleet.on("lab2", "readlink /opt/socketwise/releases/current")
+    load = Load(fleet, "failing-load")
+    time.sleep(15)
+    try:
+        done, seconds = fleet.run("rollout.yml")
+    finally:
+        result = load.finish()
+    print(
+        f"\nrollout stopped at lab2 under load: {seconds:.0f} s; load sent {result['sent']}, "
+        f"failed {result['failed']}"
+    )
+    return done, result, {"lab3": untouched, "lab2": before}, fleet.summary()
+
+
+def test_a_rollout_that_changes_nothing_touches_nothing(noop):
+    done, _, before, after = noop
+    assert done.returncode == 0, done.output[-3000:]
+    for host in SERVING:
+        assert done.recap(host)["changed"] == 0, host
+        assert after[host] == before[host], host
+    assert done.recap("lab4")["changed"] == 0
+
+
+def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(fleet, noop):
+    key = api_key_path().read_text().strip()
+    door = fleet.machines["lab4"].address
+    assert frontdoor.completion_tokens(door, FLEET_PORT, key) > 0
+    assert frontdoor.call(door, FLEET_PORT, "/v1/completions", None, frontdoor.COMPLETION)[0] == 401
+    assert frontdoor.call(door, FLEET_PORT, "/metrics", key)[0] == 403
+    assert {h: s["status"] for h, s in fleet.fleet_servers().items()} == dict.fromkeys(
+        SERVING, "UP"
+    )
+    # The runtime API socket is root's alone.
+    assert fleet.on("lab4", "stat -c %a /run/socketwise-fleet") == "700"
+
+
+def test_a_rolling_update_under_load_loses_no_request(rolled):
+    done, seconds, load, summary = rolled
+    assert done.returncode == 0, done.output[-3000:]
+    assert load["failed"] == 0 and load["completed"] == load["sent"]
+    # The load ran, without a gap, from before the first drain to the last step's end.
+    steps = [step for entry in summary.values() for step in entry["steps"]]
+    first_drain = min(step["started"] for step in steps if step["step"] == "drain")
+    last_end = max(step["started"] + step["seconds"] for step in steps)
+    assert load["windows"][0][0] <= first_drain, (load["windows"], first_drain)
+    assert covered(load["windows"], last_end), (load["windows"], last_end)
+    for host in SERVING:
+        entry = summary[host]
+        assert entry["changed"] and not entry["rolled_back"], entry
+        assert entry["release_after"] != entry["release_before"]
+        assert [s["step"] for s in entry["steps"]] == [
+            "install", "drain", "activate", "gate", "undrain", "record"
+        ]  # fmt: skip
+        assert entry["gate"]["placement_problems"] == []
+        assert all(t > 0 for t in entry["gate"]["completion_tokens"])
+
+
+def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, rolled):
+    release = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/current/release.json"))
+    previous = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/previous/release.json"))
+    assert release["model"] != previous["model"] and release["model_revision"]
+    assert "--max-num-seqs 64" in fleet.on(
+        "lab3", "systemctl show -p ExecStart socketwise-vllm-sn.service"
+    )
+    # The release before stays, with what it ran, until the next one is proven.
+    fleet.on("lab3", f"test -d {previous['venv']} && test -d {previous['model']}")
+
+
+def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched(
+    fleet, failed_rollout
+):
+    done, load, before, summary = failed_rollout
+    assert done.returncode != 0
+    assert "lab2: rollout failed at step activate" in done.output
+    assert "unrecognized arguments: --no-such-flag" in done.output
+    assert load["failed"] == 0
+    assert summary["lab1"]["reason"] == "rolled out"
+    assert summary["lab2"]["rolled_back"] and summary["lab2"]["failed_step"] == "activate"
+    assert summary["lab2"]["release_after"] == summary["lab2"]["release_before"] == before["lab2"]
+    assert "lab3" not in summary
+    assert fleet.footprint("lab3") == before["lab3"]
+    key = api_key_path().read_text().strip()
+    assert frontdoor.completion_tokens(fleet.machines["lab2"].address, FLEET_PORT, key) > 0
+    assert fleet.fleet_servers()["lab2"]["status"] == "UP"
+
+
+def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, failed_rollout):
+    load = Load(fleet, "kill-load")
+    try:
+        time.sleep(20)
+        in_flight = int(fleet.fleet_servers()["lab1"]["scur"])
+        killed = time.monotonic()
+        fleet.on("lab1", f"kill -9 $(systemctl show -p MainPID --value {VLLM_UNIT})")
+        went_down = back = None
+        while time.monotonic() - killed < 300:
+            status = fleet.fleet_servers()["lab1"]["status"]
+            went_down = went_down or (status.startswith("DOWN") or None)
+            if went_down and status == "UP":
+                back = time.monotonic() - killed
+                break
+            time.sleep(1)
+    finally:
+        result = load.finish()
+    print(
+        f"\nkill -9 of lab1's vLLM under load: {in_flight} request(s) in flight, "
+        f"{result['failed']} failed of {result['sent']}, back in the fleet after {back:.0f} s"
+    )
+    assert back is not None, "lab1 never came back in the fleet front door"
+    assert (
+        int(fleet.on("lab1", "systemctl show -p NRestarts --value socketwise-vllm-sn.service")) >= 1
+    )
+    assert result["failed"] <= in_flight
