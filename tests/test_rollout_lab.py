@@ -39,9 +39,9 @@ VLLM_UNIT = "socketwise-vllm-sn.service"
 FLEET_PORT = 8000
 # A rate a fleet missing one host carries on the lab's two cores, in runs of the tool that
 # overlap by more than its start-up.
-LOAD_RATE = 1.0
-CHUNK_PROMPTS = 60
-CHUNK_EVERY = 35
+LOAD_RATE = 0.5
+CHUNK_PROMPTS = 30
+CHUNK_EVERY = 40
 
 
 @dataclass
@@ -223,13 +223,11 @@ def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
 
 @pytest.fixture(scope="module")
 def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
-    """lab1 gets a good new release; lab2's cannot start; lab3 is never reached."""
-    for host, args in {"lab1": [], "lab2": ["--no-such-flag"], "lab3": []}.items():
-        (fleet.inventory / "host_vars" / f"{host}.yml").write_text(
-            "vllm_service_extra_args: "
-            + json.dumps(["--enforce-eager", "--max-num-seqs", "32", *args])
-            + "\n"
-        )
+    """lab1 has nothing to change; lab2's new release cannot start; lab3 is never reached."""
+    args = ["--enforce-eager", "--max-num-seqs", "64", "--no-such-flag"]
+    (fleet.inventory / "host_vars" / "lab2.yml").write_text(
+        f"vllm_service_extra_args: {json.dumps(args)}\n"
+    )
     untouched = fleet.footprint("lab3")
     before = fleet.on("lab2", "readlink /opt/socketwise/releases/current")
     load = Load(fleet, "failing-load")
@@ -292,9 +290,8 @@ def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, rolled)
     release = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/current/release.json"))
     previous = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/previous/release.json"))
     assert release["model"] != previous["model"] and release["model_revision"]
-    assert "--max-num-seqs 64" in fleet.on(
-        "lab3", "systemctl show -p ExecStart socketwise-vllm-sn.service"
-    )
+    pid = fleet.on("lab3", f"systemctl show -p MainPID --value {VLLM_UNIT}")
+    assert "--max-num-seqs 64 " in fleet.on("lab3", f"tr '\\0' ' ' < /proc/{pid}/cmdline")
     # The release before stays, with what it ran, until the next one is proven.
     fleet.on("lab3", f"test -d {previous['venv']} && test -d {previous['model']}")
 
@@ -307,7 +304,7 @@ def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched
     assert "lab2: rollout failed at step activate" in done.output
     assert "unrecognized arguments: --no-such-flag" in done.output
     assert load["failed"] == 0
-    assert summary["lab1"]["reason"] == "rolled out"
+    assert summary["lab1"]["reason"] == "nothing to change"
     assert summary["lab2"]["rolled_back"] and summary["lab2"]["failed_step"] == "activate"
     assert summary["lab2"]["release_after"] == summary["lab2"]["release_before"] == before["lab2"]
     assert "lab3" not in summary
@@ -329,14 +326,14 @@ def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, failed_rollou
             status = fleet.fleet_servers()["lab1"]["status"]
             went_down = went_down or (status.startswith("DOWN") or None)
             if went_down and status == "UP":
-                back = time.monotonic() - killed
+                back = round(time.monotonic() - killed)
                 break
             time.sleep(1)
     finally:
         result = load.finish()
     print(
         f"\nkill -9 of lab1's vLLM under load: {in_flight} request(s) in flight, "
-        f"{result['failed']} failed of {result['sent']}, back in the fleet after {back:.0f} s"
+        f"{result['failed']} failed of {result['sent']}, back in the fleet after {back} s"
     )
     assert back is not None, "lab1 never came back in the fleet front door"
     assert (
