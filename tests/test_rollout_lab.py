@@ -171,6 +171,21 @@ def covered(windows: list[tuple[float, float]], until: float) -> bool:
     return reached >= until
 
 
+def rollout_under_load(fleet: Fleet, what: str) -> tuple[PlaybookRun, float, dict]:
+    """rollout.yml while the load runs (sending before the rollout starts)."""
+    load = Load(fleet, what.split()[0])
+    time.sleep(15)
+    try:
+        done, seconds = fleet.run("rollout.yml")
+    finally:
+        result = load.finish()
+    print(
+        f"\n{what} under load: {seconds:.0f} s; load sent {result['sent']}, "
+        f"failed {result['failed']} ({len(result['windows'])} runs of the tool)"
+    )
+    return done, seconds, result
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
@@ -208,16 +223,7 @@ def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
         f'vllm_model_path: "{revision}"\n'
         'vllm_service_extra_args: ["--enforce-eager", "--max-num-seqs", "64"]\n'
     )
-    load = Load(fleet, "rolling-load")
-    time.sleep(15)  # the tool is sending before the rollout starts
-    try:
-        done, seconds = fleet.run("rollout.yml")
-    finally:
-        result = load.finish()
-    print(
-        f"\nrolling update of 3 hosts under load: {seconds:.0f} s; load sent {result['sent']}, "
-        f"failed {result['failed']} ({len(result['windows'])} runs of the tool)"
-    )
+    done, seconds, result = rollout_under_load(fleet, "rolling update of 3 hosts")
     return done, seconds, result, fleet.summary()
 
 
@@ -230,16 +236,7 @@ def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
     )
     untouched = fleet.footprint("lab3")
     before = fleet.on("lab2", "readlink /opt/socketwise/releases/current")
-    load = Load(fleet, "failing-load")
-    time.sleep(15)
-    try:
-        done, seconds = fleet.run("rollout.yml")
-    finally:
-        result = load.finish()
-    print(
-        f"\nrollout stopped at lab2 under load: {seconds:.0f} s; load sent {result['sent']}, "
-        f"failed {result['failed']}"
-    )
+    done, _, result = rollout_under_load(fleet, "rollout stopped at lab2")
     return done, result, {"lab3": untouched, "lab2": before}, fleet.summary()
 
 
