@@ -283,12 +283,15 @@ def test_a_rolling_update_under_load_loses_no_request(rolled):
         assert all(t > 0 for t in entry["gate"]["completion_tokens"])
 
 
-def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, rolled):
+def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, rolled):
     release = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/current/release.json"))
     previous = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/previous/release.json"))
     assert release["model"] != previous["model"] and release["model_revision"]
-    pid = fleet.on("lab3", f"systemctl show -p MainPID --value {VLLM_UNIT}")
-    assert "--max-num-seqs 64 " in fleet.on("lab3", f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    # Each argument is one quoted word on a line of the unit.
+    unit = f"/etc/systemd/system/{VLLM_UNIT}"
+    assert '"64"' in fleet.on("lab3", f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
+    # ... and the instance runs it: it was restarted since the no-op rollout.
+    assert fleet.footprint("lab3")["started"] != noop[3]["lab3"]["started"]
     # The release before stays, with what it ran, until the next one is proven.
     fleet.on("lab3", f"test -d {previous['venv']} && test -d {previous['model']}")
 
