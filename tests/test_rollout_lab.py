@@ -219,9 +219,11 @@ def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
     revision = fleet.work / "revision-2" / "tiny-llama"
     shutil.copytree(paths.cache_dir() / "models" / "tiny-llama", revision)
     (revision / "REVISION").write_text("2: the same weights, a new revision of the repository\n")
-    (fleet.inventory / "group_vars" / "all.yml").write_text(
-        f'vllm_model_path: "{revision}"\n'
-        'vllm_service_extra_args: ["--enforce-eager", "--max-num-seqs", "64"]\n'
+    # In the lab group's own file: its vllm_service_extra_args would win over all.yml's.
+    (fleet.inventory / "group_vars" / "lab.yml").write_text(
+        (REPO / "inventories" / "lab" / "group_vars" / "lab.yml").read_text()
+        + f'vllm_model_path: "{revision}"\n'
+        + 'vllm_service_extra_args: ["--enforce-eager", "--max-num-seqs", "64"]\n'
     )
     done, seconds, result = rollout_under_load(fleet, "rolling update of 3 hosts")
     return done, seconds, result, fleet.summary()
