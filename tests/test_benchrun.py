@@ -81,6 +81,16 @@ def test_the_api_key_reaches_each_tool_but_never_its_command_line(tmp_path):
     assert "--config" not in benchrun.guidellm_args(SPEC, step, tmp_path, anonymous)
 
 
+def test_warm_up_requests_go_first_and_only_when_the_step_asks(tmp_path):
+    auth = benchrun.Auth(SPEC, tmp_path)
+    step = {"name": "gate", "num_prompts": 16, "input_len": 8, "output_len": 8, "concurrency": 2}
+    assert (
+        option(benchrun.vllm_args(SPEC, step | {"warmups": 4}, tmp_path, auth), "--num-warmups")
+        == "4"
+    )
+    assert "--num-warmups" not in benchrun.vllm_args(SPEC, step, tmp_path, auth)
+
+
 def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):
     step_dir = tmp_path / "c2"
     step_dir.mkdir()

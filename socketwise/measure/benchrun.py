@@ -33,7 +33,7 @@ SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "loadgen": HOST, "python": TOOL_VE
                   "input_len": 256, "output_len": 128}, {"name": "r2", "rate": 2.0, ...}]}
 A step has either `rate` (open loop, req/s: Poisson arrivals with vLLM's benchmark,
 evenly spaced ones with GuideLLM's; "inf" for all at once) or `concurrency` (closed
-loop).
+loop), and may have `warmups`: requests vLLM's benchmark sends first and leaves out.
 
     python3 benchrun.py --bandwidth OUT.json NODE:THREADS ...
 
@@ -140,6 +140,10 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
         args += ["--max-concurrency", str(step["concurrency"]), "--request-rate", "inf"]
     else:
         args += ["--request-rate", str(step["rate"])]
+    if step.get("warmups"):
+        # Requests sent, and left out of the figures, first: a server just restarted
+        # answers its first requests slower.
+        args += ["--num-warmups", str(step["warmups"])]
     if spec["base_url"].startswith("https://") and spec.get("insecure"):
         args.append("--insecure")
     return args
