@@ -168,6 +168,10 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
             f"{HOST}: vllm_service_backend_address='0.0.0.0': is not allowed here; give a "
             "loopback address",
         ),
+        (
+            ["-e", "rollout_gate_tolerance=1.5"],
+            f"{HOST}: rollout_gate_tolerance='1.5' is not a fraction between 0 and 1",
+        ),
     ],
     ids=[
         "model-missing",
@@ -179,6 +183,7 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
         "root-user",
         "anonymous-public",
         "public-backend",
+        "gate-tolerance",
     ],
 )
 def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, words):
