@@ -1,11 +1,13 @@
 """Fleet rollout on the lab: three serving machines behind a fleet front door (a fourth),
 changed while vLLM's own benchmark sends load through that front door.
 
-One deployment for the module; each stage builds on the last: a rollout that changes
-nothing, a rolling update to a new release (a new model revision and a changed vLLM
-argument), a rollout whose second host cannot become healthy, and a vLLM killed under
-load. The lab inventory gets `--enforce-eager` here: the tiny model then restarts in
-about 20 s instead of 60 s (torch compile), which the rollout's logic does not depend on.
+One deployment for the module (lab3 with two replicas, DP-2); each stage builds on the
+last: a rollout that changes nothing (in a ramp of batches), a rolling update to a new
+release (a new model revision and a changed vLLM argument), a rollout whose second host
+cannot become healthy, a canary whose new release the benchmark gate finds slower, and a
+vLLM killed under load. The lab
+inventory gets `--enforce-eager` here: the tiny model then restarts in about 20 s instead
+of 60 s (torch compile), which the rollout's logic does not depend on.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ pytestmark = pytest.mark.lab
 SERVING = ("lab1", "lab2", "lab3")
 UNITS = "/etc/systemd/system/socketwise-*.service"
 VLLM_UNIT = "socketwise-vllm-sn.service"
+REPLICAS = ("vllm-dp0", "vllm-dp1")
+# The benchmark gate's tolerance in the canary stage. The lab's hosts share two cores,
+# and each run of the load tool spends seconds importing vLLM on them, so the gate is
+# proven without that load, against a release several times slower.
+GATE_TOLERANCE = 0.5
 FLEET_PORT = 8000
 # A rate a fleet missing one host carries on the lab's two cores, in runs of the tool that
 # overlap by more than its start-up.
@@ -79,10 +86,14 @@ class Fleet:
                 host, f"sha256sum {UNITS} /etc/socketwise/haproxy.cfg"
             ),
             "started": self.on(
-                host, f"systemctl show -p ExecMainStartTimestampMonotonic {VLLM_UNIT} "
-                "socketwise-lb.service",
+                host, "systemctl show -p Id -p ExecMainStartTimestampMonotonic 'socketwise-*'"
             ),
         }  # fmt: skip
+
+    def started_at(self, host: str, unit: str) -> float:
+        """When the unit's main process started, in epoch seconds (systemd's own record)."""
+        shown = self.on(host, f"systemctl show -p ExecMainStartTimestamp --timestamp=unix {unit}")
+        return float(shown.split("@", 1)[1])
 
     def fleet_servers(self) -> dict[str, dict[str, str]]:
         """The fleet front door's own view (runtime API): per host, status and sessions."""
@@ -171,12 +182,12 @@ def covered(windows: list[tuple[float, float]], until: float) -> bool:
     return reached >= until
 
 
-def rollout_under_load(fleet: Fleet, what: str) -> tuple[PlaybookRun, float, dict]:
+def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRun, float, dict]:
     """rollout.yml while the load runs (sending before the rollout starts)."""
     load = Load(fleet, what.split()[0])
     time.sleep(15)
     try:
-        done, seconds = fleet.run("rollout.yml")
+        done, seconds = fleet.run("rollout.yml", *extra)
     finally:
         result = load.finish()
     print(
@@ -198,6 +209,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         (inventory / "group_vars" / "lab.yml").write_text(
             committed + 'vllm_service_extra_args: ["--enforce-eager"]\n'
         )
+        (inventory / "host_vars" / "lab3.yml").write_text("plan_layout: dp\n")
         built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work)
         done, seconds = built.run("deploy.yml")
         assert done.returncode == 0, done.output[-4000:]
@@ -206,11 +218,13 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
 
 
 @pytest.fixture(scope="module")
-def noop(fleet) -> tuple[PlaybookRun, float, dict, dict]:
+def noop(fleet) -> tuple[PlaybookRun, float, dict, dict, dict]:
+    """A rollout with nothing to change, in a ramp of batches: one host, then two."""
     before = {host: fleet.footprint(host) for host in SERVING}
-    done, seconds = fleet.run("rollout.yml")
+    done, seconds = fleet.run("rollout.yml", "-e", '{"rollout_batch": [1, 2]}')
     print(f"\nno-op rollout of 3 hosts: {seconds:.0f} s")
-    return done, seconds, before, {host: fleet.footprint(host) for host in SERVING}
+    after = {host: fleet.footprint(host) for host in SERVING}
+    return done, seconds, before, after, fleet.summary()
 
 
 @pytest.fixture(scope="module")
@@ -242,13 +256,37 @@ def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
     return done, result, {"lab3": untouched, "lab2": before}, fleet.summary()
 
 
+@pytest.fixture(scope="module")
+def gated_canary(fleet, failed_rollout) -> tuple[PlaybookRun, dict, str]:
+    """lab1 alone, with the benchmark gate, to a release that serves one request at a
+    time (the gate's benchmark sends two at once): it must fail the gate and go back."""
+    args = ["--enforce-eager", "--max-num-seqs", "1"]
+    (fleet.inventory / "host_vars" / "lab1.yml").write_text(
+        f"vllm_service_extra_args: {json.dumps(args)}\n"
+    )
+    before = fleet.on("lab1", "readlink /opt/socketwise/releases/current")
+    try:
+        done, seconds = fleet.run(
+            "rollout.yml", "--limit", "lab1", "-e", f"rollout_gate_tolerance={GATE_TOLERANCE}"
+        )
+    finally:
+        (fleet.inventory / "host_vars" / "lab1.yml").unlink()
+    print(f"\ngated canary of lab1, refused and rolled back: {seconds:.0f} s")
+    return done, fleet.summary(), before
+
+
 def test_a_rollout_that_changes_nothing_touches_nothing(noop):
-    done, _, before, after = noop
+    done, _, before, after, summary = noop
     assert done.returncode == 0, done.output[-3000:]
     for host in SERVING:
         assert done.recap(host)["changed"] == 0, host
         assert after[host] == before[host], host
+        assert summary[host]["reason"] == "nothing to change"
     assert done.recap("lab4")["changed"] == 0
+    # rollout_batch [1, 2]: lab1 alone, then lab2 and lab3 together.
+    assert {host: summary[host]["batch"] for host in SERVING} == {
+        "lab1": ["lab1"], "lab2": ["lab2", "lab3"], "lab3": ["lab2", "lab3"]
+    }  # fmt: skip
 
 
 def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(fleet, noop):
@@ -285,17 +323,30 @@ def test_a_rolling_update_under_load_loses_no_request(rolled):
         assert all(t > 0 for t in entry["gate"]["completion_tokens"])
 
 
+def test_a_host_with_two_replicas_restarts_them_one_at_a_time(fleet, rolled):
+    restarts = rolled[3]["lab3"]["gate"]["instance_restarts"]
+    assert [r["instance"] for r in restarts] == list(REPLICAS)
+    first, second = restarts
+    assert second["left"] >= first["back"], restarts
+    # systemd's own record agrees: the second replica's process started only after the
+    # first was serving and back in the host's front door.
+    first_started, second_started = (
+        fleet.started_at("lab3", f"socketwise-{name}.service") for name in REPLICAS
+    )
+    assert first["left"] <= first_started < first["back"] <= second_started, restarts
+
+
 def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, rolled):
-    release = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/current/release.json"))
-    previous = json.loads(fleet.on("lab3", "cat /opt/socketwise/releases/previous/release.json"))
+    release = json.loads(fleet.on("lab2", "cat /opt/socketwise/releases/current/release.json"))
+    previous = json.loads(fleet.on("lab2", "cat /opt/socketwise/releases/previous/release.json"))
     assert release["model"] != previous["model"] and release["model_revision"]
     # Each argument is one quoted word on a line of the unit.
     unit = f"/etc/systemd/system/{VLLM_UNIT}"
-    assert '"64"' in fleet.on("lab3", f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
+    assert '"64"' in fleet.on("lab2", f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
     # ... and the instance runs it: it was restarted since the no-op rollout.
-    assert fleet.footprint("lab3")["started"] != noop[3]["lab3"]["started"]
+    assert fleet.footprint("lab2")["started"] != noop[3]["lab2"]["started"]
     # The release before stays, with what it ran, until the next one is proven.
-    fleet.on("lab3", f"test -d {previous['venv']} && test -d {previous['model']}")
+    fleet.on("lab2", f"test -d {previous['venv']} && test -d {previous['model']}")
 
 
 def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched(
@@ -313,10 +364,34 @@ def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched
     assert fleet.footprint("lab3") == before["lab3"]
     key = api_key_path().read_text().strip()
     assert frontdoor.completion_tokens(fleet.machines["lab2"].address, FLEET_PORT, key) > 0
-    assert fleet.fleet_servers()["lab2"]["status"] == "UP"
+    # Serving there: UP, or UP with a check just missed on the busy lab ("UP 1/2").
+    assert fleet.fleet_servers()["lab2"]["status"].startswith("UP")
 
 
-def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, failed_rollout):
+def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet, gated_canary):
+    done, summary, before = gated_canary
+    entry = summary["lab1"]
+    bench = entry["gate"]["bench"]
+    print(f"\nlab1 gate: before {bench['before']}, after {bench['after']}")
+    assert done.returncode != 0
+    assert "lab1: rollout failed at step gate" in done.output
+    assert f"outside rollout_gate_tolerance={GATE_TOLERANCE}" in done.output
+    # The serving release had no figures (deploy.yml measures none): it was measured
+    # first, drained, with the same benchmark.
+    assert [s["step"] for s in entry["steps"]] == [
+        "install", "drain", "baseline", "activate", "gate", "rollback"
+    ]  # fmt: skip
+    assert bench["tolerance"] == GATE_TOLERANCE
+    for figures in (bench["before"], bench["after"]):
+        assert figures["completed"] == 16 and figures["failed"] == 0
+    assert any(problem.startswith("TTFT p99") for problem in bench["problems"]), bench
+    assert entry["rolled_back"] and entry["release_after"] == entry["release_before"] == before
+    key = api_key_path().read_text().strip()
+    assert frontdoor.completion_tokens(fleet.machines["lab1"].address, FLEET_PORT, key) > 0
+    assert fleet.fleet_servers()["lab1"]["status"].startswith("UP")
+
+
+def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, gated_canary):
     load = Load(fleet, "kill-load")
     try:
         time.sleep(20)
