@@ -43,6 +43,8 @@ GENOA_FLAGS = (
     "pku ospke avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq la57 "
     "rdpid overflow_recov succor smca fsrm flush_l1d"
 )
+# Zen 3 (Milan, Ryzen 5000): Genoa's flags without any AVX-512.
+MILAN_FLAGS = " ".join(flag for flag in GENOA_FLAGS.split() if not flag.startswith("avx512"))
 SAPPHIRE_RAPIDS_FLAGS = (
     "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi "
     "mmx fxsr sse sse2 ss ht tm pbe syscall nx pdpe1gb rdtscp lm constant_tsc art arch_perfmon "
@@ -139,6 +141,16 @@ MACHINES: dict[str, Machine] = {
         cores=[(c // 64, c // 64, (c, c + 128)) for c in range(128)],
         **_two_nodes(384, remote=32),
     ),
+    # The Zen 3 generation before it: AVX2 only.
+    "milan": Machine(
+        vendor="AuthenticAMD",
+        model_name="AMD EPYC 7763 64-Core Processor",
+        family=25,
+        model=1,
+        flags=MILAN_FLAGS,
+        cores=[(c // 64, c // 64, (c, c + 128)) for c in range(128)],
+        **_two_nodes(256, remote=32),
+    ),
     # The same EPYC pair in NPS4: each socket is four nodes of 16 cores.
     "epyc-nps4": Machine(
         vendor="AuthenticAMD",
@@ -230,7 +242,7 @@ MACHINES: dict[str, Machine] = {
         model_name="AMD Ryzen 7 5800X 8-Core Processor",
         family=25,
         model=33,
-        flags=GENOA_FLAGS,
+        flags=MILAN_FLAGS,
         cores=[(0, 0, (c, c + 8)) for c in range(8)],
         node_memory_gb=None,
         memory_gb=64,

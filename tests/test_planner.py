@@ -29,6 +29,7 @@ def two_core_lab_host() -> dict:
         "schema": 1,
         "nodes": [{"id": 0, "socket": 0, "cpus": [0, 1], "cores": [[0], [1]], "memory_mb": 24000}],
         "gpus": [],
+        "isa": {"avx2": True},
     }
 
 
@@ -296,7 +297,7 @@ def synthetic(nodes: list[tuple[int, int]], distances: list[list[int]] | None = 
         )
         described.append({"id": index, "socket": index, "cpus": cpus, "cores": [[c] for c in cpus],
                           "memory_mb": gb * 1024, "distances": row})  # fmt: skip
-    return {"schema": 1, "nodes": described, "gpus": []}
+    return {"schema": 1, "nodes": described, "gpus": [], "isa": {"avx2": True}}
 
 
 def test_auto_places_sn_on_a_node_the_model_fits_not_the_one_with_most_cores():

@@ -49,6 +49,7 @@ def two_core_lab_host(reserve: int) -> tuple[dict, dict]:
         "nodes": [{"id": 0, "socket": 0, "cpus": [0, 1], "cores": [[0], [1]], "memory_mb": 24000}],
         "gpus": [],
         "nics": [{"name": "eth0", "pci": "0000:00:03.0", "numa_node": None}],
+        "isa": {"avx2": True},
     }
     return topology, plan(topology, PlanRequest(layout="sn", model_gb=1, reserve_cores=reserve))
 

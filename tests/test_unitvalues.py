@@ -41,11 +41,16 @@ def render_vllm_unit(**values: object) -> str:
         trim_blocks=True,  # as Ansible renders templates
     )
     environment.filters.update(comment=comment, systemd_quote=quote)
-    topology = {"schema": 1, "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}]}
+    topology = {
+        "schema": 1,
+        "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}],
+        "isa": {"avx2": True},
+    }
     sn = plan(topology, PlanRequest(layout="sn"))
     variables = SAFE | {
         "ansible_managed": "Ansible managed",
         "socketwise_plan": sn,
+        "socketwise_build": sn["build"],
         "instance": sn["instances"][0],
         "vllm_model_hf_id": "",
         "vllm_service_dtype": "bfloat16",

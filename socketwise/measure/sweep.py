@@ -430,7 +430,12 @@ def sweep(
 
 
 def _collect_hosts(run_dir: Path, manifest: dict) -> None:
-    """Per host: model, versions, weight bytes and bandwidth, from the deploy artifacts."""
+    """Per host: model, versions, build, weight bytes and bandwidth, from the deploy artifacts.
+
+    `build` (class, install method, wheelhouse hash, dtype, and the platform and kernels
+    the server really loaded) is the deploy's own record, so a host that fell back to
+    another platform than its class's shows it.
+    """
     for summary_file in sorted((run_dir / "artifacts").glob("*/*/deploy-summary.json")):
         deployed = json.loads(summary_file.read_text())
         host = summary_file.parent.name
@@ -441,6 +446,7 @@ def _collect_hosts(run_dir: Path, manifest: dict) -> None:
                 "served_model_name": deployed["served_model_name"],
                 "dtype": deployed["dtype"],
                 "vllm_version": deployed["versions"]["vllm"],
+                "build": deployed["build"],
                 "model_bytes": int(deployed["plan"]["model_gb"] * 2**30),
             }
         )

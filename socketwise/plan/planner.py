@@ -21,7 +21,8 @@ Rules (see README, "The plan"):
   ports after it (port + 1, + 2, ...), each capped at the requests its engines
   schedule at once (`max_connections`).
 - Every plan names the host's hardware class (`hwclass`): hosts of one class get
-  the same plan shape from the same request.
+  the same plan shape from the same request, and its vLLM build (`build`: class,
+  dtype, reason; see hwclass.build). A CPU without AVX2 gets no plan.
 - `auto`: TP only when the model does not fit one node; DP when the expected
   concurrency is above the SN/DP crossover (measured value if given, else
   DEFAULT_CROSSOVER from the field notes' dual-socket Broadwell); SN otherwise.
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..facts import topology  # relative: shipped to hosts with host.tuning
-from .hwclass import hardware_class
+from .hwclass import BuildRefused, build, hardware_class
 
 LAYOUTS = ("sn", "tp", "dp", "auto")
 DP_MODES = ("instances", "vllm")
@@ -73,6 +74,7 @@ class PlanRequest:
     dp_mode: str = "instances"
     split_nodes: bool = False
     port: int = 8000
+    build_class: str | None = None
 
     @classmethod
     def from_values(cls, **values: object) -> PlanRequest:
@@ -407,6 +409,10 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         )
     _check_numbers(request)
     nodes = _cpu_nodes(topo)
+    try:
+        build_of_host = build(topo, request.build_class)
+    except BuildRefused as exc:
+        raise PlanError("build_class", str(exc)) from exc
     layout, ranks, reason = _decide(nodes, request)
     # Every layout sits behind the front door on the public port; the instances take the
     # ports after it, on a private address.
@@ -477,6 +483,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         "nodes": node_uses,
         "request": asdict(request),
         "hardware_class": hardware_class(topo),
+        "build": build_of_host,
     }
 
 
@@ -501,6 +508,7 @@ _FLAGS = {
     "dp_mode": "--dp-mode",
     "topology": "--topology/--root",
     "port": "--port",
+    "build_class": "--build-class",
 }
 
 
@@ -527,6 +535,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--split-nodes", action="store_true", help="allow several TP ranks on one node"
     )
     parser.add_argument("--port", type=int, default=8000, help="public port (default 8000)")
+    parser.add_argument(
+        "--build-class", help="avx2, avx512, amx or zen instead of the detected class"
+    )
     parser.set_defaults(func=_run)
 
 
@@ -546,6 +557,7 @@ def _run(args: argparse.Namespace) -> int:
                 dp_mode=args.dp_mode,
                 split_nodes=args.split_nodes,
                 port=args.port,
+                build_class=args.build_class,
             ),
         )
     except PlanError as exc:

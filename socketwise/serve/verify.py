@@ -1,4 +1,5 @@
-"""What really runs on a host, checked against the plan: CPU affinity and port owners.
+"""What really runs on a host, checked against the plan: CPU affinity and port owners,
+and which vLLM platform and kernel library the server really loaded.
 
 Stdlib only: shipped to hosts as the role's module_utils package (roles/vllm_service),
 and read by pytest directly. Everything reads /proc under a configurable root.
@@ -14,6 +15,10 @@ from ..facts.topology import parse_cpulist
 # vLLM names its processes; only the workers pin threads (API server and engine core
 # float over the service's CPUs), so they are what the plan's ranks are checked against.
 WORKER_PREFIX = "VLLM::Worker"
+# vLLM's x86 kernel libraries: it loads one at run time, by what the CPU can do.
+KERNEL_LIBRARIES = ("_C", "_C_AVX512", "_C_AVX2")
+# Allocators and OpenMP runtimes: which ones really serve shows whether preloads took.
+RUNTIME_LIBRARIES = ("libtcmalloc", "libjemalloc", "libiomp5", "libgomp")
 _LISTEN = "0A"
 
 
@@ -64,6 +69,50 @@ def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
         "cpus_allowed": allowed,
         "thread_cpus": sorted(thread_cpus),
     }
+
+
+def mapped_libraries(pid: int, proc: Path = Path("/proc")) -> set[str]:
+    """Paths of the shared libraries mapped into PID (empty if it is gone)."""
+    try:
+        lines = (proc / str(pid) / "maps").read_text().splitlines()
+    except OSError:
+        return set()
+    paths = {line.split(maxsplit=5)[5] for line in lines if len(line.split(maxsplit=5)) == 6}
+    return {path for path in paths if ".so" in Path(path).name}
+
+
+def runtime(pids: list[int], proc: Path = Path("/proc")) -> dict:
+    """{"platform", "kernels", "runtime_libraries"} of a vLLM service, from what its
+    processes map.
+
+    vLLM imports zentorch only while choosing its platform, and keeps it only when it
+    chose ZenCpuPlatform: zentorch mapped in a process means that platform runs.
+    `kernels` names the kernel libraries loaded (one, when the server is up);
+    `runtime_libraries` the allocators and OpenMP runtimes mapped (file names).
+    """
+    libraries = set().union(*(mapped_libraries(pid, proc) for pid in pids))
+    names = {Path(path).name: path for path in libraries}
+    kernels = sorted(k for k in KERNEL_LIBRARIES if f"{k}.abi3.so" in names)
+    zen = any("/zentorch/" in path for path in libraries)
+    allocators_and_openmp = sorted(n for n in names if n.startswith(RUNTIME_LIBRARIES))
+    return {
+        "platform": "ZenCpuPlatform" if zen else "CpuPlatform",
+        "kernels": kernels,
+        "runtime_libraries": allocators_and_openmp,
+    }
+
+
+def missing_preloads(name: str, preload: list[str], loaded: dict) -> list[str]:
+    """One problem per LD_PRELOAD library the instance's processes do not map.
+
+    The loader ignores a preload it cannot open with no more than a line on stderr;
+    maps name the real file behind a symlink (libtcmalloc_minimal.so.4 -> .so.4.5.9).
+    """
+    return [
+        f"{name}: {path} is in LD_PRELOAD but no process of the service loaded it"
+        for path in preload
+        if not any(lib.startswith(Path(path).name) for lib in loaded["runtime_libraries"])
+    ]
 
 
 def check_instance(instance: dict, processes: list[dict]) -> list[str]:

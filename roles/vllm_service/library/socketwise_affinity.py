@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Ansible door into socketwise.serve.verify: real CPU affinity of vLLM services vs the plan."""
+"""Ansible door into socketwise.serve.verify: real CPU affinity of vLLM services vs the plan,
+and the platform and kernels each service really loaded."""
 
 DOCUMENTATION = r"""
 ---
@@ -10,6 +11,9 @@ description:
     C(Cpus_allowed_list) of every process and thread from C(/proc).
   - Each planned rank must be served by one C(VLLM::Worker*) process whose threads run
     on exactly the rank's CPUs; no process of the unit may run outside C(cpus_allowed).
+  - Reads the shared libraries the unit's processes map (C(/proc/PID/maps)) to say
+    which vLLM platform (C(ZenCpuPlatform) when zentorch is loaded, else C(CpuPlatform)),
+    which kernel library (C(_C), C(_C_AVX512), C(_C_AVX2)) and which preloads really run.
   - Read-only; the same answer in check mode.
 options:
   instances:
@@ -17,6 +21,11 @@ options:
     type: list
     elements: dict
     required: true
+  preload:
+    description: Paths the units put in C(LD_PRELOAD); each must be mapped by the service.
+    type: list
+    elements: str
+    default: []
   unit_prefix:
     description: Unit name prefix; the unit of instance N is PREFIX + N + C(.service).
     type: str
@@ -33,7 +42,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 instances:
-  description: Per instance its unit, main PID and processes (pid, comm, title, CPUs).
+  description: >-
+    Per instance its unit, main PID, processes (pid, comm, title, CPUs) and runtime
+    (platform, kernels, runtime_libraries).
   returned: always
   type: list
   elements: dict
@@ -45,13 +56,20 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise.serve.verify import check_instance, describe, process_tree
+from ansible.module_utils.socketwise.serve.verify import (
+    check_instance,
+    describe,
+    missing_preloads,
+    process_tree,
+    runtime,
+)
 
 
 def main():
     module = AnsibleModule(
         argument_spec={
             "instances": {"type": "list", "elements": "dict", "required": True},
+            "preload": {"type": "list", "elements": "str", "default": []},
             "unit_prefix": {"type": "str", "default": "socketwise-"},
         },
         supports_check_mode=True,
@@ -68,10 +86,19 @@ def main():
             problems.append(f"{instance['name']}: unit {unit} has no running process")
             report.append({"name": instance["name"], "unit": unit, "main_pid": None})
             continue
-        processes = [p for p in map(describe, process_tree(main_pid)) if p]
+        pids = process_tree(main_pid)
+        processes = [p for p in map(describe, pids) if p]
         problems += check_instance(instance, processes)
+        loaded = runtime(pids)
+        problems += missing_preloads(instance["name"], module.params["preload"], loaded)
         report.append(
-            {"name": instance["name"], "unit": unit, "main_pid": main_pid, "processes": processes}
+            {
+                "name": instance["name"],
+                "unit": unit,
+                "main_pid": main_pid,
+                "processes": processes,
+                "runtime": loaded,
+            }
         )
     module.exit_json(changed=False, instances=report, problems=problems)
 
