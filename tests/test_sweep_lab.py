@@ -1,5 +1,6 @@
-"""A real short sweep on a lab machine: SN and DP-2, calibrated, a few steps each,
-ending in a complete run directory and a report."""
+"""Real short sweeps on one lab machine: a grid over SN and DP-2, calibrated, a few
+steps each, ending in a complete run directory and a report; then, on the same machine,
+the adaptive mode: brackets and one bisection round instead of a grid."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from socketwise.facts.topology import detect
 from socketwise.lab.common import api_key_path
 from socketwise.measure.sweep import Profile, sweep
+from socketwise.plan.hwclass import isa_class
 from socketwise.report import analysis, render
 
 from .frontdoor import files_holding
@@ -22,7 +25,14 @@ pytestmark = pytest.mark.lab
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Iterator[Path]:
+def machine() -> Iterator[None]:
+    """One machine for both sweeps: the adaptive one starts from the grid's restored SN."""
+    with fresh_lab():
+        yield
+
+
+@pytest.fixture(scope="module")
+def run_dir(machine, tmp_path_factory) -> Path:
     profile = Profile(
         concurrencies=[1],
         rate_fractions=[0.5, 1.5],
@@ -32,8 +42,16 @@ def run_dir(tmp_path_factory) -> Iterator[Path]:
         min_prompts=4,
         calibration_prompts=16,
     )
-    with fresh_lab():
-        yield sweep(Path("inventories/lab"), ["sn", "dp"], tmp_path_factory.mktemp("run"), profile)
+    return sweep(Path("inventories/lab"), ["sn", "dp"], tmp_path_factory.mktemp("run"), profile)
+
+
+@pytest.fixture(scope="module")
+def adaptive_run(machine, run_dir, tmp_path_factory) -> Path:
+    profile = Profile(
+        input_len=64, output_len=32, step_seconds=4, min_prompts=4, calibration_prompts=16
+    )
+    run = tmp_path_factory.mktemp("adaptive")
+    return sweep(Path("inventories/lab"), ["sn", "dp"], run, profile, mode="adaptive", rounds=1)
 
 
 def test_summary_has_every_step_of_both_layouts(run_dir):
@@ -51,6 +69,10 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     host = manifest["hosts"]["lab1"]
     assert host["vllm_version"] == "0.32.0"
+    # What ran, as the server loaded it: the build class of the machine's own CPU.
+    built = host["build"]
+    assert built["class"] == isa_class(detect()) and built["install_method"] == "venv"
+    assert built["platform"] == ("ZenCpuPlatform" if built["class"] == "zen" else "CpuPlatform")
     assert host["model_bytes"] > 0 and host["bandwidth_gbps"] > 0
     assert manifest["calibration"]["max_request_rate"] > 0
     for layout in ("sn", "dp"):
@@ -84,3 +106,22 @@ def test_the_run_directory_holds_no_api_key(run_dir):
     # The load went through the front door with the lab's key; none of it was kept.
     key = api_key_path().read_text().strip()
     assert files_holding(run_dir, key) == []
+
+
+def test_adaptive_measures_brackets_and_the_bisection_midpoint_on_both_layouts(adaptive_run):
+    manifest = json.loads((adaptive_run / "manifest.json").read_text())
+    search = manifest["adaptive"]
+    assert set(search["saturation_rate"]) == {"sn", "dp"}
+    assert all(rate > 0 for rate in search["saturation_rate"].values())
+    (round_1,) = search["rounds"]
+    low, high = search["crossover_between"]
+    assert low < high and round_1["rate"] in (low, high)
+    with (adaptive_run / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # Per layout: the synchronous bracket and the midpoint; the flat-out run is not a row.
+    for layout in ("sn", "dp"):
+        mine = [r for r in rows if r["layout"] == layout]
+        assert sorted((r["concurrency"], r["rate"]) for r in mine) == sorted(
+            [("1", ""), ("", str(round_1["rate"]))]
+        )
+    assert (adaptive_run / "hosts" / "lab1" / "dp" / "round-1").is_dir()
