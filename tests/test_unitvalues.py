@@ -53,7 +53,7 @@ def render_vllm_unit(**values: object) -> str:
         "socketwise_build": sn["build"],
         "instance": sn["instances"][0],
         "vllm_model_hf_id": "",
-        "vllm_service_dtype": "bfloat16",
+        "__vllm_service_dtype": sn["build"]["dtype"],
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
         "vllm_service_ready_timeout": 600,
@@ -80,6 +80,7 @@ def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
         "vllm_user": "root",
         "vllm_home": "/opt/my dir",
         "vllm_served_name": "tiny llama",
+        "vllm_service_dtype": "bfloat16 --enforce-eager",
         "vllm_service_listen_address": "0.0.0.0\nUser=root",
     }
     errors = unit_value_errors(bad)
@@ -92,6 +93,7 @@ def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
         "vllm_user",
         "vllm_home",
         "vllm_served_model_name",
+        "vllm_service_dtype",
         "vllm_service_listen_address",
     ]
     assert all("; " in error for error in errors), "every refusal says what to do instead"

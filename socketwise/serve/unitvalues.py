@@ -25,6 +25,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
 # What a key or token may hold: one word a unit's EnvironmentFile and HAProxy's
 # configuration read as itself, long enough not to be guessed.
 _SECRET = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
+# vLLM's --dtype choices ("" takes the build class's).
+DTYPES = ("", "auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 def quote(value: object, command_line: bool = True) -> str:
@@ -123,6 +125,16 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 name,
                 "is not a model name",
                 "use letters, digits and . _ : / - only",
+            )
+        )
+    dtype = values.get("vllm_service_dtype", "")
+    if dtype not in DTYPES:
+        errors.append(
+            _problem(
+                "vllm_service_dtype",
+                dtype,
+                "is not one of vLLM's dtypes",
+                f"give one of {', '.join(DTYPES[1:])}, or leave it empty for the build class's",
             )
         )
     if values.get("vllm_model_hf_id") and not _HUB_ID.fullmatch(str(values["vllm_model_hf_id"])):
