@@ -13,7 +13,7 @@ pytestmark = pytest.mark.lab
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.parametrize("scenario", ["default"])
+@pytest.mark.parametrize("scenario", ["default", "image"])
 def test_molecule_scenario_passes(scenario):
     result = subprocess.run(
         [str(BIN / "molecule"), "test", "-s", scenario],

@@ -54,6 +54,8 @@ def render_vllm_unit(**values: object) -> str:
         "instance": sn["instances"][0],
         "vllm_model_hf_id": "",
         "__vllm_service_dtype": sn["build"]["dtype"],
+        "__vllm_service_preload": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "__vllm_service_container": False,
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
         "vllm_service_ready_timeout": 600,
@@ -161,6 +163,12 @@ def test_the_unit_with_hostile_but_legal_values_passes_systemd_analyze_verify(tm
         vllm_service_environment={"PROBE": HOSTILE_ENV},
     )
     assert "\nUser=vllm\n" in text and "User=root" not in text
+    # The venv's python does not exist on the controller; nothing else may be wrong.
+    assert _verify_problems(tmp_path, text, "/opt/socketwise/vllm/bin/python") == []
+
+
+def _verify_problems(tmp_path: Path, text: str, missing: str) -> list[str]:
+    """What `systemd-analyze verify` finds wrong with a unit, but the missing MISSING."""
     unit = tmp_path / "socketwise-vllm-sn.service"
     unit.write_text(text)
     done = subprocess.run(
@@ -168,10 +176,35 @@ def test_the_unit_with_hostile_but_legal_values_passes_systemd_analyze_verify(tm
         capture_output=True,
         text=True,
     )
-    # The venv's python does not exist on the controller; nothing else may be wrong.
-    problems = [
-        line
-        for line in done.stderr.splitlines()
-        if line.strip() and "/opt/socketwise/vllm/bin/python" not in line
-    ]
-    assert problems == [], done.stderr
+    return [line for line in done.stderr.splitlines() if line.strip() and missing not in line]
+
+
+@pytest.mark.parametrize("cgroups", [True, False], ids=["real-host", "nspawn"])
+def test_the_image_method_unit_runs_podman_with_the_plans_placement_and_no_secret(
+    tmp_path, cgroups
+):
+    key = "k" * 32
+    text = render_vllm_unit(
+        __vllm_service_container=True,
+        __vllm_service_container_name="socketwise-vllm-sn",
+        __vllm_service_container_user="998:998",
+        __vllm_service_container_env=["VLLM_CPU_OMP_THREADS_BIND", "HOME"],
+        __vllm_service_image_tag="localhost/socketwise-vllm:zen-0123456789ab",
+        __vllm_service_podman_secrets=[
+            {"name": "socketwise-vllm-api-key", "env": "VLLM_API_KEY", "value": key}
+        ],
+        vllm_container_cgroups=cgroups,
+        vllm_service_environment={"PROBE": HOSTILE_ENV},
+    )
+    assert "/usr/bin/podman run --rm --replace --name socketwise-vllm-sn" in text
+    assert "\nUser=" not in text and "--user 998:998" in text
+    # The unit's placement holds either way; real hosts get the container's cgroup too.
+    assert "CPUAffinity=0 1" in text and "NUMAMask=0" in text
+    assert ("--cpuset-cpus=0,1" in text and "--cpuset-mems=0" in text) is cgroups
+    assert ("--cgroups=disabled" in text) is not cgroups
+    assert "--secret socketwise-vllm-api-key,type=env,target=VLLM_API_KEY" in text
+    assert key not in text and "EnvironmentFile" not in text
+    # The venv's preloads are the container's, not Podman's.
+    assert "Environment=LD_PRELOAD" not in text and "--env LD_PRELOAD=" in text
+    assert '--env "PROBE"' in text and "--read-only" in text and "--cap-drop=all" in text
+    assert _verify_problems(tmp_path, text, "/usr/bin/podman") == []

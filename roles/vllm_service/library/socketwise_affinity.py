@@ -30,6 +30,12 @@ options:
     description: Unit name prefix; the unit of instance N is PREFIX + N + C(.service).
     type: str
     default: socketwise-
+  containers:
+    description: >-
+      The units run Podman containers named like the units (without C(.service)): walk
+      the container's processes (its PID from C(podman inspect)), not Podman's.
+    type: bool
+    default: false
 author: socketwise
 """
 
@@ -71,6 +77,7 @@ def main():
             "instances": {"type": "list", "elements": "dict", "required": True},
             "preload": {"type": "list", "elements": "str", "default": []},
             "unit_prefix": {"type": "str", "default": "socketwise-"},
+            "containers": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -82,6 +89,12 @@ def main():
             environ_update={"LC_ALL": "C"},
         )
         main_pid = int(out.strip() or 0) if rc == 0 else 0
+        if main_pid and module.params["containers"]:
+            # conmon, not `podman run`, is the container's parent: start from its PID.
+            rc, out, err = module.run_command(
+                ["podman", "inspect", "--format", "{{.State.Pid}}", unit.removesuffix(".service")]
+            )
+            main_pid = int(out.strip() or 0) if rc == 0 else 0
         if main_pid == 0:
             problems.append(f"{instance['name']}: unit {unit} has no running process")
             report.append({"name": instance["name"], "unit": unit, "main_pid": None})
