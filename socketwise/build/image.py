@@ -82,17 +82,13 @@ def archive_digest(archive: Path) -> str:
     return index["manifests"][0]["digest"]
 
 
-def _buildah(*args: str, capture: bool = False) -> str:
-    done = subprocess.run(
-        ["buildah", *args],
-        check=False,
-        text=True,
-        stdout=subprocess.PIPE if capture else None,
-        stderr=subprocess.PIPE,
-    )
+def _buildah(*args: str) -> str:
+    """Run buildah, return its output; on failure an ImageError with the output's end."""
+    done = subprocess.run(["buildah", *args], check=False, text=True, capture_output=True)
     if done.returncode != 0:
-        raise ImageError(f"buildah {args[0]} failed: {done.stderr.strip()[-2000:]}")
-    return (done.stdout or "").strip()
+        output = (done.stdout + done.stderr).strip()[-2000:]
+        raise ImageError(f"buildah {args[0]} failed: {output}")
+    return done.stdout.strip()
 
 
 def build(cache: Path, build_class: str, rootfs: Path, wheelhouse: Path, venv: str) -> dict:
@@ -117,9 +113,9 @@ def build(cache: Path, build_class: str, rootfs: Path, wheelhouse: Path, venv: s
     cache.mkdir(parents=True, exist_ok=True)
     tag = f"{REPOSITORY}:{name}"
     started = time.monotonic()
-    container = _buildah("from", "--name", f"socketwise-build-{name}", "scratch", capture=True)
+    container = _buildah("from", "--name", f"socketwise-build-{name}", "scratch")
     try:
-        mount = Path(_buildah("mount", container, capture=True))
+        mount = Path(_buildah("mount", container))
         # cp -a keeps owners, modes and links, which `buildah copy` would make root's.
         subprocess.run(["cp", "-a", f"{rootfs}/.", str(mount)], check=True)
         inside = f"/tmp/socketwise-wheelhouse-{wheelhouse.name}"
