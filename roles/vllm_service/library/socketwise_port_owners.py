@@ -7,8 +7,9 @@ module: socketwise_port_owners
 short_description: Find listeners that would keep planned vLLM or load-balancer ports from binding
 description:
   - Reads C(/proc/net/tcp) and C(/proc/net/tcp6) and the owners of their sockets.
-  - Listeners that belong to socketwise's own units (name starting with I(unit_prefix))
-    are not clashes: a re-deploy replaces them.
+  - Listeners that belong to socketwise's own units (name starting with I(unit_prefix)),
+    or to its Podman containers (named like those units), are not clashes: a re-deploy
+    replaces them.
   - Read-only; the same answer in check mode.
 options:
   address:
@@ -43,6 +44,8 @@ clashes:
   elements: dict
 """
 
+import shutil
+
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.socketwise.serve.verify import port_clashes, process_tree
 
@@ -65,6 +68,15 @@ def main():
     for line in out.split() if rc == 0 else []:
         if line.isdigit() and int(line):
             own.update(process_tree(int(line)))
+    if shutil.which("podman"):
+        # conmon, not `podman run`, is a container's parent: its processes are no unit's.
+        rc, out, err = module.run_command(
+            ["podman", "ps", "--filter", f"name=^{prefix}", "--format", "{{.Pid}}"],
+            environ_update={"LC_ALL": "C"},
+        )
+        for line in out.split() if rc == 0 else []:
+            if line.isdigit() and int(line):
+                own.update(process_tree(int(line)))
     clashes = port_clashes(module.params["address"], module.params["ports"], own)
     module.exit_json(changed=False, clashes=clashes)
 
