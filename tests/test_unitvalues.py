@@ -4,6 +4,7 @@ test_deploy_lab.py loads such a unit into a real systemd and reads back what it 
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -179,6 +180,23 @@ def _verify_problems(tmp_path: Path, text: str, missing: str) -> list[str]:
     return [line for line in done.stderr.splitlines() if line.strip() and missing not in line]
 
 
+def _secrets_as_environment(unit: str, secrets: dict[str, str], tmp_path: Path) -> dict:
+    """The environment the unit's container command gives the server when Podman has
+    mounted SECRETS under /run/secrets (here a directory of the test's own)."""
+    line = next(word for word in unit.splitlines() if word.strip().startswith("/bin/sh -c"))
+    argv = shlex.split(line.replace("$$", "$").rstrip(" \\"))
+    assert argv[:2] == ["/bin/sh", "-c"] and "/run/secrets/" in argv[2]
+    mounted = tmp_path / "run-secrets"
+    mounted.mkdir()
+    for name, value in secrets.items():
+        (mounted / name).write_text(value)
+    script = argv[2].replace("/run/secrets/", f"{mounted}/")
+    done = subprocess.run(
+        ["/bin/sh", "-c", script, argv[3], "env", "-0"], capture_output=True, check=True
+    )
+    return dict(entry.split("=", 1) for entry in done.stdout.decode().split("\0") if entry)
+
+
 @pytest.mark.parametrize("cgroups", [True, False], ids=["real-host", "nspawn"])
 def test_the_image_method_unit_runs_podman_with_the_plans_placement_and_no_secret(
     tmp_path, cgroups
@@ -187,6 +205,7 @@ def test_the_image_method_unit_runs_podman_with_the_plans_placement_and_no_secre
     text = render_vllm_unit(
         __vllm_service_container=True,
         __vllm_service_container_name="socketwise-vllm-sn",
+        __vllm_service_container_uid="998",
         __vllm_service_container_user="998:998",
         __vllm_service_container_env=["VLLM_CPU_OMP_THREADS_BIND", "HOME"],
         __vllm_service_image_tag="localhost/socketwise-vllm:zen-0123456789ab",
@@ -202,7 +221,11 @@ def test_the_image_method_unit_runs_podman_with_the_plans_placement_and_no_secre
     assert "CPUAffinity=0 1" in text and "NUMAMask=0" in text
     assert ("--cpuset-cpus=0,1" in text and "--cpuset-mems=0" in text) is cgroups
     assert ("--cgroups=disabled" in text) is not cgroups
-    assert "--secret socketwise-vllm-api-key,type=env,target=VLLM_API_KEY" in text
+    # The key is a file only the server's uid reads (a type=env secret shows in `podman
+    # inspect`), which the shell before the server turns into its environment.
+    secret = "socketwise-vllm-api-key,type=mount,target=VLLM_API_KEY,uid=998,mode=0400"
+    assert f"--secret {secret}" in text
+    assert _secrets_as_environment(text, {"VLLM_API_KEY": key}, tmp_path)["VLLM_API_KEY"] == key
     assert key not in text and "EnvironmentFile" not in text
     # The venv's preloads are the container's, not Podman's.
     assert "Environment=LD_PRELOAD" not in text and "--env LD_PRELOAD=" in text
