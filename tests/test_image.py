@@ -42,7 +42,9 @@ def test_an_unfinished_rootfs_or_wheelhouse_is_refused_with_the_fix(tmp_path):
     with pytest.raises(ImageError, match="not a finished wheelhouse; build it with"):
         content_id(rootfs, wheelhouse, VENV)
     (rootfs / ROOTFS_ID_FILE).unlink()
-    with pytest.raises(ImageError, match="not a finished socketwise rootfs; build one with"):
+    with pytest.raises(
+        ImageError, match="not a finished socketwise rootfs; write a unique build id"
+    ):
         content_id(rootfs, wheelhouse, VENV)
 
 

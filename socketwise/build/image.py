@@ -1,8 +1,8 @@
 """One OCI image per build class, built on the controller with buildah; no registry.
 
-    python -m socketwise.build.image CACHE --rootfs DIR --wheelhouse DIR --venv PATH
+    python -m socketwise.build.image CACHE --class CLASS --rootfs DIR --wheelhouse DIR --venv PATH
 
-The image is the local Debian rootfs (the lab's debootstrap build) with the class's
+The image is a local Debian rootfs (such as the lab's debootstrap build) with the class's
 wheelhouse installed into a venv at PATH, the same path and the same command line
 (`PATH/bin/vllm serve ...`) as the venv method, so one unit template serves both. It
 leaves the controller as an `oci-archive` file that hosts `podman load`.
@@ -33,8 +33,6 @@ from pathlib import Path
 
 from socketwise.build.wheelhouse import MARKER, REQUIREMENTS, install_argv, read_marker
 from socketwise.common.files import read_json, sha256
-from socketwise.lab.common import LabError
-from socketwise.lab.rootfs import build_rootfs
 
 REPOSITORY = "localhost/socketwise-vllm"
 # Bump when the steps below change what an image holds: it is part of every tag.
@@ -55,8 +53,8 @@ def content_id(rootfs: Path, wheelhouse: Path, venv: str) -> str:
         rootfs_id = (rootfs / ROOTFS_ID_FILE).read_text().strip()
     except OSError as error:
         raise ImageError(
-            f"{rootfs}: no {ROOTFS_ID_FILE}, so not a finished socketwise rootfs; "
-            "build one with `socketwise lab up` (it caches the rootfs)"
+            f"{rootfs}: no {ROOTFS_ID_FILE}, so not a finished socketwise rootfs; write a "
+            f"unique build id into it, or build one with `python -m socketwise.lab.rootfs`"
         ) from error
     try:
         requirements = (wheelhouse / REQUIREMENTS).read_bytes()
@@ -173,15 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cache", type=Path, help="where the archives and descriptions live")
     parser.add_argument("--class", dest="build_class", required=True, help="the build class")
     parser.add_argument(
-        "--rootfs", type=Path, help="the Debian rootfs (default: the lab's, built once if missing)"
+        "--rootfs", type=Path, required=True, help="the Debian rootfs the image starts from"
     )
     parser.add_argument("--wheelhouse", type=Path, required=True, help="the class's wheelhouse")
     parser.add_argument("--venv", required=True, help="the venv's path inside the image")
     args = parser.parse_args(argv)
     try:
-        rootfs = args.rootfs or build_rootfs()
-        described = build(args.cache, args.build_class, rootfs, args.wheelhouse, args.venv)
-    except (ImageError, LabError) as error:
+        described = build(args.cache, args.build_class, args.rootfs, args.wheelhouse, args.venv)
+    except ImageError as error:
         print(f"socketwise.build.image: {error}", file=sys.stderr)
         return 2
     print(json.dumps(described, sort_keys=True))

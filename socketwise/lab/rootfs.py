@@ -1,5 +1,8 @@
 """The lab's Debian rootfs: controller packages, the apt mirror, one debootstrap build,
-cached and reused by every machine."""
+cached and reused by every machine (and by the lab's images).
+
+    python -m socketwise.lab.rootfs    # print the cached rootfs's path, built if missing
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import hashlib
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -211,3 +215,19 @@ def _configure_rootfs(root: Path, apt_source: Path) -> None:
         mask = root / "etc/systemd/system" / timer
         mask.unlink(missing_ok=True)
         mask.symlink_to("/dev/null")
+
+
+def main() -> int:
+    """Print the rootfs's path alone on stdout (what the lab's `vllm_image_rootfs` reads)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            root = build_rootfs()
+    except LabError as error:
+        print(f"socketwise.lab.rootfs: {error}", file=sys.stderr)
+        return 2
+    print(root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
