@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from socketwise.lab import machines as lab
+
+from .playbooks import REPO
 
 
 @contextlib.contextmanager
@@ -22,3 +26,16 @@ def fresh_lab(
         yield lab.up(machines=machines, loadgen=loadgen, frontdoor=frontdoor)
     finally:
         lab.down(purge=True)
+
+
+def eager_inventory(into: Path) -> Path:
+    """The lab inventory as `lab up` just wrote it, with vLLM's `--enforce-eager`: the tiny
+    model then starts in about 20 s instead of 60 s (no torch compile). For modules whose
+    subject is what the kit does around vLLM (sweeps, rollouts), not vLLM's speed."""
+    (into / "group_vars").mkdir(parents=True)
+    shutil.copy(REPO / "inventories" / "lab" / "hosts.yml", into / "hosts.yml")
+    committed = (REPO / "inventories" / "lab" / "group_vars" / "lab.yml").read_text()
+    (into / "group_vars" / "lab.yml").write_text(
+        committed + 'vllm_service_extra_args: ["--enforce-eager"]\n'
+    )
+    return into

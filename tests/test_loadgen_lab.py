@@ -1,6 +1,7 @@
 """A real sweep whose load comes from another host: lab2 (group socketwise_loadgen)
 drives GuideLLM against lab1, which serves SN and then DP-2. The sweep reports progress
-per step, and the run directory joins lab2's results with lab1's measurements."""
+per step, and the run directory joins lab2's results with lab1's measurements. vLLM runs
+in eager mode here (it starts three times faster; the figures' size is not what is tested)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
 
 from .frontdoor import files_holding, key_places_on_host
-from .labs import fresh_lab
+from .labs import eager_inventory, fresh_lab
 from .playbooks import run_playbook
 from .test_deploy_lab import on_host
 from .test_report import assert_renders
@@ -33,8 +34,9 @@ STEPS = ["c1", "r"]  # per layout: concurrency 1 and two calibrated rates
 def sweep_run(tmp_path_factory) -> Iterator[tuple[Path, str, list[lab.Machine]]]:
     run_dir = tmp_path_factory.mktemp("run")
     with fresh_lab(machines=2, loadgen=1) as machines:
+        inventory = eager_inventory(tmp_path_factory.mktemp("inventory"))
         done = subprocess.run(
-            [str(Path(sys.executable).parent / "socketwise"), "sweep", "-i", "inventories/lab",
+            [str(Path(sys.executable).parent / "socketwise"), "sweep", "-i", str(inventory),
              "--layouts", "sn,dp", "--tool", "guidellm", "--concurrencies", "1",
              "--rate-fractions", "0.5,1.0", "--step-seconds", "4", "--input-len", "64",
              "--output-len", "32", "--run-dir", str(run_dir)],

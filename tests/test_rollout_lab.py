@@ -30,7 +30,7 @@ from socketwise.lab.common import api_key_path
 from socketwise.measure.benchrun import BENCH
 
 from . import frontdoor
-from .labs import fresh_lab
+from .labs import eager_inventory, fresh_lab
 from .playbooks import REPO, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
@@ -201,14 +201,8 @@ def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRu
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
     with fresh_lab(machines=4, frontdoor=1) as machines:
-        inventory = work / "inventory"
-        (inventory / "group_vars").mkdir(parents=True)
+        inventory = eager_inventory(work / "inventory")
         (inventory / "host_vars").mkdir()
-        shutil.copy(REPO / "inventories" / "lab" / "hosts.yml", inventory / "hosts.yml")
-        committed = (REPO / "inventories" / "lab" / "group_vars" / "lab.yml").read_text()
-        (inventory / "group_vars" / "lab.yml").write_text(
-            committed + 'vllm_service_extra_args: ["--enforce-eager"]\n'
-        )
         (inventory / "host_vars" / "lab3.yml").write_text("plan_layout: dp\n")
         built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work)
         done, seconds = built.run("deploy.yml")
