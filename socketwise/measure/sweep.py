@@ -432,9 +432,9 @@ def sweep(
 def _collect_hosts(run_dir: Path, manifest: dict) -> None:
     """Per host: model, versions, build, weight bytes and bandwidth, from the deploy artifacts.
 
-    `build` (class, install method, wheelhouse hash, dtype, and the platform and kernels
-    the server really loaded) is the deploy's own record, so a host that fell back to
-    another platform than its class's shows it.
+    `build` (class, install method, wheelhouse hash or image and digest, dtype, and the
+    platform and kernels the server really loaded) is the deploy's own record, so a host
+    that fell back to another platform than its class's shows it.
     """
     for summary_file in sorted((run_dir / "artifacts").glob("*/*/deploy-summary.json")):
         deployed = json.loads(summary_file.read_text())
