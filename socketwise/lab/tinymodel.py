@@ -7,6 +7,12 @@ bfloat16, the dtype the servers run with (``--dtype bfloat16``). Its output is
 random text, which is all a placement/throughput test needs: it exercises the
 whole serving path (tokenizer, chat template, KV cache, sampling, detokenizer).
 
+``--size`` picks a preset (``PRESETS``): ``tiny`` (the default, 7 MB, lives in the
+cache, so decode is bound by the cores), or ``0.5g`` and ``1g``, Llamas 2048 wide with
+about 0.5 and 1 GB of bf16 weights, too large for any cache: decode at concurrency 1
+then reads every weight from memory once per token, and memory bandwidth bounds it
+(the report's roofline). Same tokenizer, seed and determinism for every preset.
+
 Run it from the checkout with the Python of the vLLM venv (which has torch,
 transformers and tokenizers)::
 
@@ -29,6 +35,7 @@ import json
 import random
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from socketwise.common.files import publish, read_json, sha256
@@ -40,6 +47,34 @@ SEED = 1234
 VOCAB_TARGET = 1024
 MAX_POSITIONS = 2048
 DTYPE = "bfloat16"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """The shape of one model size; key/value heads divisible by 2 (tensor parallel 2)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+
+    def parameters(self, vocab: int) -> int:
+        """Weights of a Llama this shape with untied embeddings, as torch counts them."""
+        head_dim = self.hidden // self.heads
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        layer = attention + mlp + 2 * self.hidden  # two RMS norms
+        return self.layers * layer + 2 * vocab * self.hidden + self.hidden
+
+
+# "tiny" is the built-in model every lab test serves: changing it changes their bytes.
+PRESETS = {
+    "tiny": Preset(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2),
+    "0.5g": Preset(hidden=2048, intermediate=5632, layers=5, heads=16, kv_heads=8),
+    "1g": Preset(hidden=2048, intermediate=5632, layers=10, heads=16, kv_heads=8),
+}
+DEFAULT_PRESET = "tiny"
 
 BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 SPECIAL_TOKENS = [BOS, EOS, UNK, PAD]
@@ -121,7 +156,7 @@ def _train_tokenizer(seed: int):
     return tok
 
 
-def _build(staging: Path, seed: int) -> dict:
+def _build(staging: Path, seed: int, preset: str) -> dict:
     import tokenizers
     import torch
     import transformers
@@ -145,13 +180,14 @@ def _build(staging: Path, seed: int) -> dict:
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     tok_config_path.write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
 
+    shape = PRESETS[preset]
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # divisible by 2: tensor parallel 2 works
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=1e-5,
         bos_token_id=tok.token_to_id(BOS),
@@ -182,6 +218,7 @@ def _build(staging: Path, seed: int) -> dict:
     return {
         "version": MARKER_VERSION,
         "served_name": SERVED_NAME,
+        "preset": preset,
         "architecture": "LlamaForCausalLM",
         "dtype": DTYPE,
         "seed": seed,
@@ -199,8 +236,12 @@ def _build(staging: Path, seed: int) -> dict:
     }
 
 
-def generate(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path:
-    """Write the tiny model into OUT_DIR (unless it is already complete); return OUT_DIR."""
+def generate(
+    out_dir: Path, *, seed: int = SEED, preset: str = DEFAULT_PRESET, force: bool = False
+) -> Path:
+    """Write the model of PRESET into OUT_DIR (unless it is already complete); return OUT_DIR."""
+    if preset not in PRESETS:
+        raise ValueError(f"size {preset!r}: choose one of {', '.join(PRESETS)}")
     out_dir = Path(out_dir).resolve()
     if is_complete(out_dir) and not force:
         return out_dir
@@ -213,7 +254,7 @@ def generate(out_dir: Path, *, seed: int = SEED, force: bool = False) -> Path:
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    marker = _build(staging, seed)
+    marker = _build(staging, seed, preset)
     return publish(staging, out_dir, MARKER, marker)
 
 
@@ -224,10 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--size", choices=PRESETS, default=DEFAULT_PRESET, help="tiny, or 0.5/1 GB of weights"
+    )
     parser.add_argument("--force", action="store_true", help="regenerate even if complete")
     args = parser.parse_args(argv)
     was_complete = is_complete(args.out_dir) and not args.force
-    out = generate(args.out_dir, seed=args.seed, force=args.force)
+    out = generate(args.out_dir, seed=args.seed, preset=args.size, force=args.force)
     marker = read_marker(out) or {}
     state = "already complete" if was_complete else "generated"
     print(
