@@ -103,6 +103,7 @@ def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):
         "host": "lab1", "layout": "sn", "rate": None, "concurrency": 2,
         "output_tok_s": 359.609, "ttft_p50_ms": 24.87, "ttft_p99_ms": 140.58,
         "itl_p50_ms": 4.2, "itl_p99_ms": 7.52, "completed": 16, "failed": 0,
+        "tpot_p50_ms": None,
     }  # fmt: skip
     # The measured load's own window, not the tool's start-up, is what power is cut to.
     bench = json.loads((step_dir / "bench.json").read_text())

@@ -35,6 +35,7 @@ def test_bench_results_become_contract_rows(tmp_path):
     bench = {
         "output_throughput": 123.456, "median_ttft_ms": 20.0, "p99_ttft_ms": 40.0,
         "median_itl_ms": 4.0, "p99_itl_ms": 9.0, "completed": 8, "failed": 0,
+        "median_tpot_ms": 8.444,
     }  # fmt: skip
     steps = (("r2", {"rate": 2.0}), ("c1", {"concurrency": 1}), ("max", {"rate": "inf"}))
     for started, (name, step) in zip((2, 1, 0), steps, strict=True):
@@ -49,6 +50,7 @@ def test_bench_results_become_contract_rows(tmp_path):
         read = list(csv.DictReader(f))
     assert list(read[0]) == list(SUMMARY_COLUMNS)
     assert read[1]["output_tok_s"] == "123.456" and read[1]["rate"] == "2.0"
+    assert read[1]["tpot_p50_ms"] == "8.44"  # the report's decode rate, not ITL's ~0
 
 
 def test_a_failed_step_says_why_not_only_that_items_failed():

@@ -227,6 +227,8 @@ def guidellm_result(step_dir: Path, step: dict) -> str | None:
         "median_itl_ms": successful("inter_token_latency_ms")["median"],
         "p99_itl_ms": successful("inter_token_latency_ms")["percentiles"]["p99"],
     }
+    if "time_per_output_token_ms" in metrics:  # 0.8.1 writes it; trimmed copies may not
+        result["median_tpot_ms"] = successful("time_per_output_token_ms")["median"]
     (step_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     return None
 

@@ -34,9 +34,13 @@ SUMMARY_COLUMNS = (
     "itl_p99_ms",
     "completed",
     "failed",
+    "tpot_p50_ms",
 )
+# Columns a summary.csv may leave out (written by socketwise; older and foreign files lack
+# them): read as not measured.
+OPTIONAL_COLUMNS = ("tpot_p50_ms",)
 POWER_COLUMNS = ("host", "layout", "rate", "concurrency", "watts", "source")
-METRICS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+METRICS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms")
 AXES = ("rate", "concurrency")
 IDLE = "idle"
 MANIFEST_SCHEMA = 1
@@ -61,6 +65,7 @@ class Step:
     itl_p99_ms: float | None
     completed: int | None
     failed: int | None
+    tpot_p50_ms: float | None = None  # median time per output token after the first
 
 
 @dataclass(frozen=True)
@@ -140,10 +145,11 @@ def read_summary(run_dir: str | Path) -> list[Step]:
     if not path.is_file():
         raise RunDirError(
             f"{path}: not found; a run directory needs at least {SUMMARY} with the columns "
-            f"{','.join(SUMMARY_COLUMNS)}"
+            f"{','.join(c for c in SUMMARY_COLUMNS if c not in OPTIONAL_COLUMNS)}"
         )
     steps = []
-    for line, row in _rows(path, SUMMARY_COLUMNS):
+    required = tuple(c for c in SUMMARY_COLUMNS if c not in OPTIONAL_COLUMNS)
+    for line, row in _rows(path, required):
         host, layout = row["host"].strip(), row["layout"].strip()
         if not host or not layout:
             raise RunDirError(f"{path}: line {line}: host and layout must not be empty")

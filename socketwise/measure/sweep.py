@@ -226,6 +226,9 @@ def summary_rows(host: str, layout: str, results: Path) -> list[dict]:
                 "itl_p99_ms": round(bench["p99_itl_ms"], 2),
                 "completed": bench["completed"],
                 "failed": bench.get("failed", 0),
+                "tpot_p50_ms": None
+                if bench.get("median_tpot_ms") is None
+                else round(bench["median_tpot_ms"], 2),
             }
         )
     return rows
