@@ -113,8 +113,45 @@ def test_r730_saturation_of_sn_at_4_req_s_and_dp_not_confirmed(r730):
 def test_r730_reaches_89_percent_of_the_bandwidth_limit_at_concurrency_1(r730):
     bandwidth = analysis.analyse(r730)["bandwidth"]
     assert bandwidth["limit_tok_s"] == pytest.approx(34e9 / 7.7e9, rel=1e-3)
-    assert bandwidth["layouts"]["sn"]["basis"] == "concurrency 1"
-    assert bandwidth["layouts"]["sn"]["fraction"] == pytest.approx(0.89, abs=0.01)
+    sn = bandwidth["layouts"]["sn"]
+    assert (sn["basis"], sn["decode_basis"], sn["nodes"]) == (
+        "concurrency 1", "1000 / ITL p50", ["0"]
+    )  # fmt: skip
+    assert sn["decode_tok_s"] == pytest.approx(1000 / 255, rel=1e-3)
+    assert sn["fraction"] == pytest.approx(0.89, abs=0.01)
+
+
+def test_r730_roofline_of_tp_counts_both_sockets_and_dp_one(r730):
+    """TP-2 reads its weights from both sockets at once, so its roof is twice SN's: the
+    field notes' TP-2 decode (ITL 403 ms) reaches only 28 % of it."""
+    layouts = analysis.analyse(r730)["bandwidth"]["layouts"]
+    assert (layouts["tp"]["nodes"], layouts["tp"]["bandwidth_gbps"]) == (["0", "1"], 68.0)
+    assert layouts["tp"]["limit_tok_s"] == pytest.approx(2 * 34e9 / 7.7e9, rel=1e-3)
+    assert layouts["tp"]["fraction"] == pytest.approx(0.28, abs=0.01)
+    assert (layouts["dp"]["nodes"], layouts["dp"]["bandwidth_gbps"]) == (["0"], 34.0)
+
+
+def test_an_adaptive_search_bracket_is_named_even_where_the_steps_show_no_crossover(r730):
+    manifest = json.loads((r730 / rundir.MANIFEST).read_text())
+    manifest["adaptive"] = {"crossover_between": [19.66, 23.04], "rounds": []}
+    (r730 / rundir.MANIFEST).write_text(json.dumps(manifest))
+    decisions = analysis.analyse(r730)
+    assert decisions["adaptive_search"] == [19.66, 23.04]
+    assert any("between 19.66 and 23.04 req/s" in note for note in decisions["notes"])
+    markdown, _ = render.write(r730)
+    assert "the adaptive search kept the SN/DP crossover between 19.66" in markdown.read_text()
+    manifest.pop("adaptive")
+    (r730 / rundir.MANIFEST).write_text(json.dumps(manifest))
+    assert analysis.analyse(r730)["adaptive_search"] is None
+
+
+def test_without_plans_the_roofline_is_one_node_at_the_slowest_bandwidth(r730):
+    manifest = json.loads((r730 / rundir.MANIFEST).read_text())
+    del manifest["hosts"]["r730"]["layouts"]
+    (r730 / rundir.MANIFEST).write_text(json.dumps(manifest))
+    layouts = analysis.analyse(r730)["bandwidth"]["layouts"]
+    assert {e["nodes"] for e in layouts.values()} == {None}
+    assert {e["bandwidth_gbps"] for e in layouts.values()} == {34.0}
 
 
 def test_r730_tokens_per_watt_above_idle_match_the_field_notes(r730):
@@ -135,7 +172,9 @@ def test_r730_report_names_every_decision(r730):
     assert "| above 4.47 req/s | dp |" in text
     assert "SN/DP crossover by rate: 4.47 req/s, between the measured 4 and 6 req/s" in text
     assert "| sn | rate | 4 req/s | confirmed |" in text
-    assert "| sn | concurrency 1 | 3.91 | 88.5% |" in text  # the notes' "~89 %"
+    # the notes' "~89 %"
+    assert "| sn | concurrency 1 | 3.92 (1000 / ITL p50) | 0 | 34 | 4.42 | 88.8% |" in text
+    assert "| tp | concurrency 1 | 2.48 (1000 / ITL p50) | 0,1 | 68 | 8.83 | 28.1% |" in text
     assert "No failed requests" in text
     for image in ("throughput", "ttft", "itl", "energy"):
         assert (r730 / "plots" / f"r730-rate-{image}.png").is_file()
@@ -380,8 +419,8 @@ def test_a_bad_summary_row_is_named_by_line_and_column(tmp_path):
     run.mkdir()
     (run / rundir.SUMMARY).write_text(
         ",".join(rundir.SUMMARY_COLUMNS) + "\n"
-        "box,sn,1,,3.9,1,2,3,4,5,0\n"
-        "box,sn,2,,fast,1,2,3,4,5,0\n"
+        "box,sn,1,,3.9,1,2,3,4,5,0,7\n"
+        "box,sn,2,,fast,1,2,3,4,5,0,7\n"
     )
     with pytest.raises(rundir.RunDirError, match=r"line 3: output_tok_s 'fast' is not a number"):
         analysis.analyse(run)

@@ -22,6 +22,7 @@ them. Methods (README, "Reports"), all on the median of the repetitions of each 
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -343,8 +344,46 @@ def saturation(points: list[Point], axis: str) -> dict:
 # --- bandwidth limit, errors, energy --------------------------------------------------
 
 
+def _stream_nodes(facts: dict, name: str) -> list[str] | None:
+    """The NUMA nodes one request's decode reads its weights from under layout NAME: the
+    first instance's `membind` (TP: all its nodes; DP: one replica's node), or None when
+    the manifest has no plan of that layout."""
+    try:
+        return [str(n) for n in facts["layouts"][name]["instances"][0]["membind"]]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def _positive_numbers(mapping: object) -> dict[str, float]:
+    """{key: value} of MAPPING's finite values above 0 (a hand-made manifest may hold any)."""
+    if not isinstance(mapping, dict):
+        return {}
+    found = {}
+    for key, value in mapping.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number) and number > 0:
+            found[str(key)] = number
+    return found
+
+
+def _decode_rate(point: Point) -> tuple[float, str]:
+    """One stream's decode tok/s: 1000 / median TPOT, else ITL, else its output tok/s.
+
+    TPOT first: vLLM CPU streams tokens several a chunk, so its median ITL is about 0.
+    """
+    for metric, name in (("tpot_p50_ms", "TPOT"), ("itl_p50_ms", "ITL")):
+        value = point.median(metric)
+        if value:
+            return 1000 / value, f"1000 / {name} p50"
+    return point.tok, "output tok/s (no TPOT or ITL measured)"
+
+
 def bandwidth(axes: dict[str, Curves], facts: dict | None) -> dict:
-    """Share of the decode bound (bandwidth / weight bytes) reached at the lowest load."""
+    """The roofline of decode at batch 1 per layout: every weight is read once per token,
+    so one stream decodes at most (bandwidth of the nodes it reads) / (weight bytes)."""
     try:
         model_bytes = float(facts["model_bytes"])
         gbps = float(facts["bandwidth_gbps"])
@@ -352,7 +391,7 @@ def bandwidth(axes: dict[str, Curves], facts: dict | None) -> dict:
         return {"status": "not measured: manifest.json has no model_bytes and bandwidth_gbps"}
     if model_bytes <= 0 or gbps <= 0:
         return {"status": "not measured: model_bytes and bandwidth_gbps must be above 0"}
-    limit = gbps * 1e9 / model_bytes
+    per_node = _positive_numbers(facts.get("bandwidth_per_node_gbps"))
     layouts = {}
     names = sorted({n for curves in axes.values() for n in curves}, key=layout_key)
     for name in names:
@@ -363,17 +402,31 @@ def bandwidth(axes: dict[str, Curves], facts: dict | None) -> dict:
             axis = "rate" if name in axes.get("rate", {}) else "concurrency"
             point = axes[axis][name][0]
             basis = f"lowest {axis} {fmt_load(point.load)} (no concurrency-1 step)"
+        nodes = _stream_nodes(facts, name)
+        if nodes and all(n in per_node for n in nodes):
+            layout_gbps = sum(per_node[n] for n in nodes)
+        else:
+            nodes, layout_gbps = None, gbps  # no plan: one node, the slowest measured
+        decode, decode_basis = _decode_rate(point)
+        limit = layout_gbps * 1e9 / model_bytes
         layouts[name] = {
             "basis": basis,
             "output_tok_s": rounded(point.tok),
-            "fraction": round(point.tok / limit, 3),
+            "decode_tok_s": rounded(decode),
+            "decode_basis": decode_basis,
+            "nodes": nodes,
+            "bandwidth_gbps": rounded(layout_gbps),
+            "limit_tok_s": round(limit, 3),
+            "fraction": round(decode / limit, 3),
         }
     return {
         "status": "measured",
         "bandwidth_gbps": gbps,
+        "bandwidth_per_node_gbps": per_node or None,
         "model_bytes": int(model_bytes),
-        "limit_tok_s": round(limit, 3),
-        "note": "limit of one NUMA node; a TP layout over N nodes reads N times as fast",
+        "limit_tok_s": round(gbps * 1e9 / model_bytes, 3),
+        "note": "per layout: the nodes one request reads (TP: all of its nodes, DP: one "
+        "replica's); limit_tok_s above: one node, the slowest measured",
         "layouts": layouts,
     }
 
@@ -535,6 +588,16 @@ def _crossover_pair(curves: Curves, crossovers: dict) -> tuple[str, str] | None:
     return (BASE_LAYOUT, dps[0]) if dps and BASE_LAYOUT in curves else None
 
 
+def _adaptive_bracket(manifest: dict | None) -> list[float] | None:
+    """An adaptive sweep's [low, high] of the SN/DP crossover, when the manifest holds one."""
+    search = (manifest or {}).get("adaptive")
+    bracket = search.get("crossover_between") if isinstance(search, dict) else None
+    if not isinstance(bracket, list) or len(bracket) != 2:
+        return None
+    numbers = _positive_numbers(dict(enumerate(bracket)))
+    return [numbers["0"], numbers["1"]] if len(numbers) == 2 else None
+
+
 def analyse(run_dir: str | Path) -> dict:
     """The decisions of a run directory (see README, "Reports", for every key)."""
     run_dir = Path(run_dir)
@@ -555,6 +618,15 @@ def analyse(run_dir: str | Path) -> dict:
         notes.append("no manifest.json: bandwidth limit not computed")
     if power is None:
         notes.append("no power.csv: energy not measured")
+    search = _adaptive_bracket(manifest)
+    if search:
+        low, high = search
+        notes.append(
+            f"the adaptive search kept the SN/DP crossover between {fmt_load(low)} and "
+            f"{fmt_load(high)} req/s (each round's midpoint on both layouts, and the flat-out "
+            "rates, which the crossover above cannot compare: only rates both layouts were "
+            "measured at count there)"
+        )
     result = {
         "schema": SCHEMA,
         "run_dir": str(run_dir),
@@ -564,6 +636,7 @@ def analyse(run_dir: str | Path) -> dict:
             rundir.POWER: power is not None,
         },
         "notes": notes,
+        "adaptive_search": search,
         "host": None,
         "hosts": hosts,
     }

@@ -84,6 +84,7 @@ def _points_table(curves: Curves, axis: str) -> Block:
         "TTFT p99 ms",
         "ITL p50 ms",
         "ITL p99 ms",
+        "TPOT p50 ms",
         "completed",
         "failed",
     ]
@@ -213,25 +214,42 @@ def _host_blocks(host: str, d: dict, axes: dict[str, Curves], plots: dict, level
                 ],
             )
         )
-    blocks.append(("h", h, "Bandwidth limit"))
+    blocks.append(("h", h, "Bandwidth roofline"))
     bw = d["bandwidth"]
     if bw["status"] != "measured":
-        blocks.append(("p", f"Bandwidth limit: {bw['status']}."))
+        blocks.append(("p", f"Bandwidth roofline: {bw['status']}."))
     else:
         blocks.append(
             (
                 "p",
-                f"Decode at batch 1 reads every weight once per token: tok/s <= "
-                f"{fmt_num(bw['bandwidth_gbps'])} GB/s / {bw['model_bytes'] / 1e9:.2f} GB = "
-                f"{fmt_num(bw['limit_tok_s'])} tok/s ({bw['note']}).",
+                "Decode at batch 1 reads every weight once per token: one stream decodes "
+                f"at most (GB/s of the nodes it reads) / {bw['model_bytes'] / 1e9:.2f} GB of "
+                f"weights; one node at {fmt_num(bw['bandwidth_gbps'])} GB/s gives "
+                f"{fmt_num(bw['limit_tok_s'])} tok/s.",
             )
         )
         blocks.append(
             (
                 "table",
-                ["layout", "measured at", "output tok/s", "share of the limit"],
                 [
-                    [n, e["basis"], fmt_num(e["output_tok_s"]), f"{e['fraction']:.1%}"]
+                    "layout",
+                    "measured at",
+                    "decode tok/s",
+                    "nodes",
+                    "GB/s",
+                    "limit tok/s",
+                    "share of the limit",
+                ],  # fmt: skip
+                [
+                    [
+                        n,
+                        e["basis"],
+                        f"{fmt_num(e['decode_tok_s'])} ({e['decode_basis']})",
+                        ",".join(e["nodes"]) if e["nodes"] else "one (no plan)",
+                        fmt_num(e["bandwidth_gbps"]),
+                        fmt_num(e["limit_tok_s"]),
+                        f"{e['fraction']:.1%}",
+                    ]
                     for n, e in bw["layouts"].items()
                 ],
             )
@@ -270,8 +288,9 @@ def document_blocks(analysis: dict, axes_by_host: dict, plots: dict) -> list[Blo
                 f"Crossover: {CROSSOVER_METHOD}. SN is the default; a layout is recommended "
                 f"above its crossover over the layout recommended below it.",
                 f"Saturation: {SATURATION_METHOD}.",
-                "Bandwidth limit: bandwidth_gbps x 1e9 / model_bytes (manifest.json), against "
-                "output tok/s at concurrency 1 (else the lowest load).",
+                "Bandwidth roofline: decode tok/s (1000 / ITL p50) at concurrency 1 (else the "
+                "lowest load) x model_bytes / the measured GB/s of the nodes one request "
+                "reads (manifest.json: the layout's plan and bandwidth_per_node_gbps).",
             ],
         )
     )
