@@ -131,6 +131,17 @@ def test_r730_roofline_of_tp_counts_both_sockets_and_dp_one(r730):
     assert (layouts["dp"]["nodes"], layouts["dp"]["bandwidth_gbps"]) == (["0"], 34.0)
 
 
+def test_vllm_s_own_data_parallel_streams_read_one_rank_s_node(r730):
+    """dp-vllm is one instance over both sockets, but each request runs on one rank."""
+    manifest = json.loads((r730 / rundir.MANIFEST).read_text())
+    ranks = [{"node": 0, "cpus": [0]}, {"node": 1, "cpus": [14]}]
+    one = {"name": "dp", "tp": 1, "data_parallel": 2, "ranks": ranks, "membind": [0, 1]}
+    manifest["hosts"]["r730"]["layouts"]["dp"] = {"layout": "dp", "instances": [one]}
+    (r730 / rundir.MANIFEST).write_text(json.dumps(manifest))
+    dp = analysis.analyse(r730)["bandwidth"]["layouts"]["dp"]
+    assert (dp["nodes"], dp["bandwidth_gbps"]) == (["0"], 34.0)
+
+
 def test_an_adaptive_search_bracket_is_named_even_where_the_steps_show_no_crossover(r730):
     manifest = json.loads((r730 / rundir.MANIFEST).read_text())
     manifest["adaptive"] = {"crossover_between": [19.66, 23.04], "rounds": []}

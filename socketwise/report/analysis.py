@@ -345,12 +345,13 @@ def saturation(points: list[Point], axis: str) -> dict:
 
 
 def _stream_nodes(facts: dict, name: str) -> list[str] | None:
-    """The NUMA nodes one request's decode reads its weights from under layout NAME: the
-    first instance's `membind` (TP: all its nodes; DP: one replica's node), or None when
-    the manifest has no plan of that layout."""
+    """The NUMA nodes one request's decode reads its weights from under layout NAME: those
+    of the first instance's first `tp` ranks (TP: all its nodes; DP, by instances or by
+    vLLM's ranks: one replica's node), or None when the manifest has no such plan."""
     try:
-        return [str(n) for n in facts["layouts"][name]["instances"][0]["membind"]]
-    except (KeyError, IndexError, TypeError):
+        instance = facts["layouts"][name]["instances"][0]
+        return sorted({str(rank["node"]) for rank in instance["ranks"][: int(instance["tp"])]})
+    except (KeyError, IndexError, TypeError, ValueError):
         return None
 
 
