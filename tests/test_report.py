@@ -425,6 +425,53 @@ def test_several_hosts_get_decisions_each(tmp_path):
     assert (run / "plots" / "b-rate-throughput.png").is_file()
 
 
+def test_every_layout_is_read_against_plain_vllm_which_is_never_recommended(tmp_path):
+    # The lab's hand measurement: SN matches plain vLLM at concurrency 1 (with a longer
+    # TPOT) and is 1.17x at 4; DP leads SN from concurrency 4.
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        dict(step(layout, tok, concurrency=c, ttft=ttft), tpot_p50_ms=tpot)
+        for layout, c, tok, ttft, tpot in (
+            ("baseline", 1, 100.0, 20.0, 7.1),
+            ("baseline", 4, 300.0, 40.0, 12.0),
+            ("baseline", 8, 400.0, 80.0, 18.0),
+            ("sn", 1, 101.0, 19.0, 8.4),
+            ("sn", 4, 351.0, 36.0, 11.0),
+            ("sn", 8, 380.0, 90.0, 20.0),
+            ("dp", 1, 90.0, 25.0, 9.0),
+            ("dp", 4, 372.0, 35.0, 10.0),
+            ("dp", 8, 480.0, 60.0, 15.0),
+        )
+    ]
+    rundir.write_csv(run / rundir.SUMMARY, rundir.SUMMARY_COLUMNS, rows)
+    decisions = analysis.analyse(run)["by_concurrency"]
+    ranges = decisions["recommendation"]
+    assert [r["layout"] for r in ranges] == ["sn", "dp"]
+    assert "baseline" not in decisions["crossovers"]
+    assert "baseline" not in decisions["not_recommended"]
+    # At concurrency 1 SN (recommended there) is within 3 % of plain vLLM: as good.
+    assert ranges[0]["baseline_as_good_at"] == [1] and ranges[1]["baseline_as_good_at"] == []
+    baseline = analysis.analyse(run)["baseline"]
+    assert baseline["as_good_at"] == {"concurrency": [1]}
+    sn = {r["concurrency"]: r for r in baseline["ratios"]["concurrency"]["sn"]}
+    assert sn[1]["output_tok_s"] == 1.01 and sn[4]["output_tok_s"] == 1.17
+    assert sn[1]["tpot_p50_ms"] == round(8.4 / 7.1, 3) and sn[4]["ttft_p50_ms"] == 0.9
+    assert [r["layout"] for r in baseline["recommended"]["concurrency"]] == ["sn", "dp", "dp"]
+    assert "as good at 1 concurrent only" in baseline["summary"]
+    assert "TPOT p50 1.183x at 1 concurrent (sn)" in baseline["summary"]
+    markdown = render.write(run)[0].read_text()
+    assert "## Against plain vLLM" in markdown and "| sn | 4 concurrent | 1.17x |" in markdown
+    assert "plain vLLM as good at" in markdown
+
+
+def test_a_run_without_the_baseline_says_so(r730):
+    baseline = analysis.analyse(r730)["baseline"]
+    assert baseline == {"status": "not measured: no baseline layout in this run"}
+    assert all("baseline_as_good_at" not in r for r in analysis.analyse(r730)["recommendation"])
+    assert "Against plain vLLM: not measured" in render.write(r730)[0].read_text()
+
+
 def test_a_bad_summary_row_is_named_by_line_and_column(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

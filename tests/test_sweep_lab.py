@@ -1,5 +1,6 @@
-"""Real short sweeps on one lab machine: a grid over SN and DP-2, calibrated, a few
-steps each, ending in a complete run directory and a report; then, on the same machine,
+"""Real short sweeps on one lab machine: a grid over plain vLLM (the baseline), SN and
+DP-2, calibrated, a few steps each, ending in a complete run directory and a report that
+reads the kit's layouts against plain vLLM; then, on the same machine,
 the adaptive mode: brackets and one bisection round instead of a grid. vLLM runs in eager
 mode here (it starts three times faster; the figures' size is not what is tested)."""
 
@@ -44,7 +45,7 @@ def run_dir(machine, tmp_path_factory) -> Path:
         min_prompts=4,
         calibration_prompts=16,
     )
-    return sweep(machine, ["sn", "dp"], tmp_path_factory.mktemp("run"), profile)
+    return sweep(machine, ["baseline", "sn", "dp"], tmp_path_factory.mktemp("run"), profile)
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +57,11 @@ def adaptive_run(machine, run_dir, tmp_path_factory) -> Path:
     return sweep(machine, ["sn", "dp"], run, profile, mode="adaptive", rounds=1)
 
 
-def test_summary_has_every_step_of_both_layouts(run_dir):
+def test_summary_has_every_step_of_every_layout(run_dir):
     with (run_dir / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert {r["layout"] for r in rows} == {"sn", "dp"}
-    for layout in ("sn", "dp"):
+    assert {r["layout"] for r in rows} == {"baseline", "sn", "dp"}
+    for layout in ("baseline", "sn", "dp"):
         mine = [r for r in rows if r["layout"] == layout]
         assert [r["concurrency"] for r in mine if r["concurrency"]] == ["1"]
         assert len([r for r in mine if r["rate"]]) == 2
@@ -76,8 +77,13 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     assert built["class"] == isa_class(detect()) and built["install_method"] == "venv"
     assert built["platform"] == ("ZenCpuPlatform" if built["class"] == "zen" else "CpuPlatform")
     assert host["model_bytes"] > 0 and host["bandwidth_gbps"] > 0
+    assert manifest["calibration"] == {
+        "layout": "baseline",
+        "max_request_rate": manifest["calibration"]["max_request_rate"],
+    }
     assert manifest["calibration"]["max_request_rate"] > 0
-    for layout in ("sn", "dp"):
+    assert "vLLM's own defaults" in manifest["baseline"]
+    for layout in ("baseline", "sn", "dp"):
         results = run_dir / "hosts" / "lab1" / layout / "sweep"
         assert (results / "idle.json").exists()
         assert (
@@ -89,17 +95,48 @@ def test_run_directory_discloses_what_was_measured(run_dir):
         assert (run_dir / "artifacts" / layout / "lab1" / "plan.json").exists()
 
 
+def _deployed(run_dir: Path, layout: str) -> dict:
+    return json.loads((run_dir / "artifacts" / layout / "lab1" / "deploy-summary.json").read_text())
+
+
+def _workers(deployed: dict) -> list[list[int]]:
+    (instance,) = deployed["affinity"]
+    return [p["thread_cpus"] for p in instance["processes"] if p["comm"].startswith("VLLM::Worker")]
+
+
+def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(run_dir):
+    plain, kit = _deployed(run_dir, "baseline"), _deployed(run_dir, "sn")
+    assert (plain["placement"], kit["placement"]) == ("vllm", "plan")
+    assert plain["endpoint"] == kit["endpoint"] and plain["front_door"] == kit["front_door"]
+    assert plain["dtype"] == kit["dtype"] and plain["completions"]
+    # The kit pins its one rank's threads to the plan's CPUs; plain vLLM's own binding
+    # chose others (on a small host it keeps a CPU for its front end).
+    (rank,) = kit["plan"]["instances"][0]["ranks"]
+    assert _workers(kit) == [sorted(rank["cpus"])]
+    (plain_worker,) = _workers(plain)
+    assert plain_worker and plain_worker != sorted(rank["cpus"])
+    # No preload in plain vLLM's processes, the build class's in the kit's.
+    assert not any(lib.startswith("libtcmalloc") for lib in plain["build"]["runtime_libraries"])
+    assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])
+
+
 def test_the_host_is_back_on_its_configured_layout(run_dir):
-    restored = json.loads(
-        (run_dir / "artifacts" / "restored" / "lab1" / "deploy-summary.json").read_text()
-    )
-    assert restored["layout"] == "sn"
+    restored = _deployed(run_dir, "restored")
+    assert (restored["layout"], restored["placement"]) == ("sn", "plan")
 
 
 def test_the_report_of_the_run_renders_and_decides(run_dir, tmp_path):
     decisions = analysis.analyse(run_dir)
     assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
     assert decisions["recommendation"], decisions
+    # Plain vLLM is compared against, never recommended.
+    assert {r["layout"] for r in decisions["recommendation"]} <= {"sn", "dp"}
+    baseline = decisions["baseline"]
+    assert baseline["status"] == "measured" and set(baseline["ratios"]) == {"rate", "concurrency"}
+    for by_layout in baseline["ratios"].values():
+        assert set(by_layout) == {"sn", "dp"}
+        assert all(r["output_tok_s"] > 0 for ratios in by_layout.values() for r in ratios)
+    assert all("baseline_as_good_at" in r for r in decisions["recommendation"])
     _, page = render.write(run_dir)
     assert_renders(page, tmp_path, min_images=4)
 

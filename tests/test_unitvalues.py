@@ -57,6 +57,7 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_dtype": sn["build"]["dtype"],
         "__vllm_service_preload": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
         "__vllm_service_container": False,
+        "__vllm_service_placed": True,
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
         "vllm_service_ready_timeout": 600,
@@ -231,3 +232,29 @@ def test_the_image_method_unit_runs_podman_with_the_plans_placement_and_no_secre
     assert "Environment=LD_PRELOAD" not in text and "--env LD_PRELOAD=" in text
     assert '--env "PROBE"' in text and "--read-only" in text and "--cap-drop=all" in text
     assert _verify_problems(tmp_path, text, "/usr/bin/podman") == []
+
+
+@pytest.mark.parametrize("container", [False, True], ids=["venv", "image"])
+def test_plain_vllm_runs_without_the_plans_placement_but_with_its_kv_size(tmp_path, container):
+    # vllm_service_placement: vllm, the sweep's baseline: vLLM's own defaults.
+    image = {
+        "__vllm_service_container_name": "socketwise-vllm-sn",
+        "__vllm_service_container_uid": "998",
+        "__vllm_service_container_user": "998:998",
+        "__vllm_service_container_env": ["VLLM_CPU_KVCACHE_SPACE", "HOME"],
+        "__vllm_service_image_tag": "localhost/socketwise-vllm:zen-0123456789ab",
+        "__vllm_service_podman_secrets": [],
+        "vllm_container_cgroups": True,
+    }
+    text = render_vllm_unit(
+        __vllm_service_placed=False, __vllm_service_container=container, **image
+    )
+    for placement in ("CPUAffinity=", "NUMAPolicy=", "NUMAMask=", "VLLM_CPU_OMP_THREADS_BIND",
+                      "LD_PRELOAD", "--cpuset-"):  # fmt: skip
+        assert placement not in text
+    assert "Environment=VLLM_CPU_KVCACHE_SPACE=1" in text
+    # The same server, model, dtype and backend address as the kit's own layouts.
+    assert "--dtype bfloat16" in text and "--host 127.1.0.11" in text
+    assert _verify_problems(tmp_path, text, "/usr/bin/podman" if container else "/opt/") == []
+    placed = render_vllm_unit(__vllm_service_container=container, **image)
+    assert "CPUAffinity=0 1" in placed and "Environment=VLLM_CPU_OMP_THREADS_BIND=0,1" in placed

@@ -35,7 +35,6 @@ from socketwise.measure.rundir import (
     write_csv,
 )
 
-# Layout names of a sweep -> the deploy.yml variables that select them.
 # The benchmark role's per-step task, whose loop items mark the sweep's progress.
 STEP_TASK = "Run step"
 STEP_EVENTS = ("runner_item_on_ok", "runner_item_on_failed")
@@ -47,7 +46,16 @@ TOOLS = {
 }
 # Hosts of this inventory group generate load for the others and serve nothing.
 LOADGEN_GROUP = "socketwise_loadgen"
+# Layout names of a sweep -> the deploy.yml variables that select them. `baseline` is
+# plain vLLM as a user would start it, on the same host, load and front door: one
+# instance with vLLM's own defaults (its automatic thread binding, no unit placement, no
+# preloads) and the kit's kernel tuning put back, with only the KV size it needs to start.
 LAYOUTS = {
+    "baseline": {
+        "plan_layout": "sn",
+        "vllm_service_placement": "vllm",
+        "host_tuning_state": "absent",
+    },
     "sn": {"plan_layout": "sn"},
     "tp": {"plan_layout": "tp"},
     "dp": {"plan_layout": "dp", "plan_dp_mode": "instances"},
@@ -352,11 +360,13 @@ def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
     for layout in layouts:
         experiment.measure(layout, bracket, "bracket")
     search: dict = {"saturation_rate": dict(experiment.flat_out), "rounds": []}
-    first, second = layouts[0], next((x for x in layouts[1:] if x.startswith("dp")), None)
+    # The search is between the kit's layouts; the baseline is bracketed, not bisected.
+    kit = [x for x in layouts if x != "baseline"]
+    first, second = kit[0] if kit else None, next((x for x in kit[1:] if x.startswith("dp")), None)
     if second is None:
         return search
     low = round(experiment.flat_out[first] / 2, 2)
-    high = round(max(experiment.flat_out.values()), 2)
+    high = round(max(experiment.flat_out[x] for x in kit), 2)
     order = [second, first]
     for number in range(1, rounds + 1):
         rate = round((low + high) / 2, 2)
@@ -402,6 +412,11 @@ def sweep(
             "rate": f"open loop: {'Poisson' if tool == 'vllm' else 'evenly spaced'} arrivals "
             "at that many requests per second",
         },
+        "baseline": "plain vLLM: one instance with vLLM's own defaults (automatic thread "
+        "binding, no placement, preloads or kernel tuning), the plan's KV size, dtype and "
+        "front door"
+        if "baseline" in layouts
+        else None,
         "measured_boundary": "HTTP client on the load generator (a host of the group "
         f"{LOADGEN_GROUP}, or else the served host on its reserved cores when the plan has "
         "any) to the planned endpoint: network, tokenisation, queueing, prefill and decode; "

@@ -18,6 +18,10 @@ them. Methods (README, "Reports"), all on the median of the repetitions of each 
   best so far, or (by rate only) its TTFT p50 exceeds TTFT_FACTOR times that at the
   lowest load, or more than ERROR_SHARE of its requests failed. Saturation is the last
   load before the first departure that persists at the next point too.
+- Against plain vLLM: the `baseline` layout (vLLM's own defaults behind the same front
+  door) is never recommended; every other layout's figures at each load are given as a
+  ratio to its, and the baseline is as good as the recommended layout at a load where
+  that layout is not ahead of it (the rule above).
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ LOAD_MARGIN = 0.10
 TTFT_FACTOR = 3.0
 ERROR_SHARE = 0.01
 BASE_LAYOUT = "sn"
+# Plain vLLM, measured for comparison (socketwise sweep --layouts baseline,...).
+BASELINE_LAYOUT = "baseline"
+# The figures given as a ratio to the baseline's: throughput (above 1 is better) and
+# latency (below 1 is better); a latency ratio above 1 + LATENCY_TOLERANCE is named.
+BASELINE_RATIOS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")
+LATENCY_TOLERANCE = 0.10
+_LATENCY_NAMES = {"ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "tpot_p50_ms": "TPOT p50"}
 SCHEMA = 1
 CROSSOVER_METHOD = (
     f"lowest measured load from which the challenger's median output tok/s is ahead of the "
@@ -500,6 +511,114 @@ def energy(axes: dict[str, Curves], rows: list[rundir.PowerRow] | None, host: st
     }
 
 
+# --- against plain vLLM ---------------------------------------------------------------
+
+BASELINE_METHOD = (
+    f"each layout's median at a load divided by the baseline's at the same load (output "
+    f"tok/s: above 1 is better; TTFT and TPOT: below 1 is better); the baseline is as good "
+    f"as the recommended layout at a load where that layout's median output tok/s is not "
+    f"ahead of the baseline's by more than {TOLERANCE:.0%}"
+)
+
+
+def _ratio(point: Point, base: Point, metric: str) -> float | None:
+    mine, theirs = point.median(metric), base.median(metric)
+    if mine is None or not theirs:
+        return None
+    return round(mine / theirs, 3)
+
+
+def _range_at(ranges: list[dict], axis: str, load: float) -> dict:
+    """The recommendation's range that holds LOAD ({} when there is none)."""
+    for entry in ranges:
+        if entry[f"max_{axis}"] is None or load <= entry[f"max_{axis}"]:
+            return entry
+    return {}
+
+
+def against_baseline(axes: dict[str, Curves], recommendations: dict[str, dict]) -> dict:
+    """Every layout against plain vLLM at each load, and where the baseline would have
+    been as good as the recommended layout. Adds `baseline_as_good_at` (the loads of its
+    range where it would) to each entry of the recommendations' ranges."""
+    if not any(BASELINE_LAYOUT in curves for curves in axes.values()):
+        return {"status": f"not measured: no {BASELINE_LAYOUT} layout in this run"}
+    ratios: dict[str, dict] = {}
+    recommended: dict[str, list] = {}
+    slower: list[str] = []
+    for axis, curves in axes.items():
+        base = {p.load: p for p in curves.get(BASELINE_LAYOUT, [])}
+        if not base:
+            continue
+        ratios[axis] = {
+            name: [
+                {axis: p.load, **{m: _ratio(p, base[p.load], m) for m in BASELINE_RATIOS}}
+                for p in points
+                if p.load in base
+            ]
+            for name, points in curves.items()
+            if name != BASELINE_LAYOUT
+        }
+        ranges = recommendations.get(axis, {}).get("recommendation", [])
+        for entry in ranges:
+            entry["baseline_as_good_at"] = []
+        recommended[axis] = []
+        for load, base_point in sorted(base.items()):
+            held = _range_at(ranges, axis, load)
+            layout = held.get("layout")
+            point = {p.load: p for p in curves.get(layout, [])}.get(load)
+            if point is None:
+                continue
+            as_good = not _ahead(point, base_point)
+            row = {axis: load, "layout": layout, "baseline_as_good": as_good}
+            row.update({m: _ratio(point, base_point, m) for m in BASELINE_RATIOS})
+            recommended[axis].append(row)
+            if as_good:
+                held["baseline_as_good_at"].append(load)
+            slower += [
+                f"{_LATENCY_NAMES[m]} {row[m]:g}x at {fmt_load(load)} {UNITS[axis]} ({layout})"
+                for m in BASELINE_RATIOS[1:]
+                if row[m] is not None and row[m] > 1 + LATENCY_TOLERANCE
+            ]
+    as_good_at = {
+        axis: [row[axis] for row in rows if row["baseline_as_good"]]
+        for axis, rows in recommended.items()
+    }
+    return {
+        "status": "measured",
+        "layout": BASELINE_LAYOUT,
+        "method": BASELINE_METHOD,
+        "ratios": ratios,
+        "recommended": recommended,
+        "as_good_at": as_good_at,
+        "summary": _baseline_summary(recommended, as_good_at, slower),
+    }
+
+
+def _baseline_summary(recommended: dict, as_good_at: dict, slower: list[str]) -> str:
+    if not any(recommended.values()):
+        return "the recommended layouts were not measured at the baseline's loads"
+    parts = []
+    for axis, rows in recommended.items():
+        if not rows:
+            continue
+        unit = UNITS[axis]
+        good = as_good_at[axis]
+        tok = ", ".join(f"{r['output_tok_s']:g}x at {fmt_load(r[axis])}" for r in rows)
+        if len(good) == len(rows):
+            verdict = f"plain vLLM would have been as good at every measured {axis}"
+        elif good:
+            verdict = f"plain vLLM would have been as good at {fmt_loads(good)} {unit} only"
+        else:
+            verdict = f"the recommended layout beats plain vLLM at every measured {axis}"
+        parts.append(f"by {axis}: {verdict} (output tok/s against plain vLLM: {tok} {unit})")
+    text = "; ".join(parts)
+    if slower:
+        text += f"; latency above plain vLLM's by more than {LATENCY_TOLERANCE:.0%}: " + ", ".join(
+            slower
+        )
+    return text
+
+
 # --- analysis -------------------------------------------------------------------------
 
 
@@ -528,9 +647,14 @@ def _series(axes: dict[str, Curves]) -> dict:
 
 
 def host_decisions(axes: dict[str, Curves], facts: dict | None, power, host: str) -> dict:
-    by_axis = {axis: recommend(curves, axis) for axis, curves in axes.items()}
+    # The baseline is measured to compare against, never recommended.
+    kit = {
+        axis: {name: points for name, points in curves.items() if name != BASELINE_LAYOUT}
+        for axis, curves in axes.items()
+    }
+    by_axis = {axis: recommend(curves, axis) for axis, curves in kit.items()}
     rate = by_axis.get("rate", {"recommendation": [], "crossovers": {}, "not_recommended": {}})
-    pair = _crossover_pair(axes.get("rate", {}), rate["crossovers"])
+    pair = _crossover_pair(kit.get("rate", {}), rate["crossovers"])
     crossover = rate["crossovers"].get(pair[1]) if pair else None
     decisions = {
         "crossover_rate": crossover["rate"] if crossover else None,
@@ -556,7 +680,7 @@ def host_decisions(axes: dict[str, Curves], facts: dict | None, power, host: str
     }
     if "concurrency" in by_axis:
         closed = by_axis["concurrency"]
-        pair_c = _crossover_pair(axes["concurrency"], closed["crossovers"])
+        pair_c = _crossover_pair(kit["concurrency"], closed["crossovers"])
         cross_c = closed["crossovers"].get(pair_c[1]) if pair_c else None
         decisions["by_concurrency"] = {
             "crossover_concurrency": cross_c["concurrency"] if cross_c else None,
@@ -570,12 +694,13 @@ def host_decisions(axes: dict[str, Curves], facts: dict | None, power, host: str
         }
     # A layout measured only by concurrency is still named, so nobody reads silence as
     # "not considered".
-    for name in axes.get("concurrency", {}):
-        if name not in axes.get("rate", {}) and "rate" in axes:
+    for name in kit.get("concurrency", {}):
+        if name not in kit.get("rate", {}) and "rate" in kit:
             why = by_axis["concurrency"]["not_recommended"].get(name)
             decisions["not_recommended"][name] = "not measured by rate" + (
                 f"; by concurrency: {why}" if why else "; by concurrency it is recommended"
             )
+    decisions["baseline"] = against_baseline(axes, by_axis)
     decisions["bandwidth"] = bandwidth(axes, facts)
     decisions["errors"] = errors(axes)
     decisions["energy"] = energy(axes, power, host)

@@ -7,8 +7,21 @@ import html
 from pathlib import Path
 
 from socketwise.measure import rundir
-from socketwise.report.analysis import CROSSOVER_METHOD, SATURATION_METHOD
-from socketwise.report.points import UNITS, Curves, fmt_count, fmt_load, fmt_num, fmt_step_load
+from socketwise.report.analysis import (
+    BASELINE_METHOD,
+    BASELINE_RATIOS,
+    CROSSOVER_METHOD,
+    SATURATION_METHOD,
+)
+from socketwise.report.points import (
+    UNITS,
+    Curves,
+    fmt_count,
+    fmt_load,
+    fmt_loads,
+    fmt_num,
+    fmt_step_load,
+)
 
 # --- the document: one list of blocks, rendered as Markdown and as HTML ----------------
 
@@ -40,13 +53,13 @@ def _range_text(recommendation: list[dict], index: int, axis: str) -> str:
 
 
 def _recommendation_blocks(rec: list[dict], not_rec: dict, axis: str) -> list[Block]:
-    blocks: list[Block] = [
-        (
-            "table",
-            ["load range", "layout", "rule"],
-            [[_range_text(rec, i, axis), r["layout"], r["rule"]] for i, r in enumerate(rec)],
-        )
-    ]
+    head = ["load range", "layout", "rule"]
+    rows = [[_range_text(rec, i, axis), r["layout"], r["rule"]] for i, r in enumerate(rec)]
+    if any("baseline_as_good_at" in r for r in rec):
+        head.append("plain vLLM as good at")
+        for row, r in zip(rows, rec, strict=True):
+            row.append(fmt_loads(r.get("baseline_as_good_at") or []) or "no measured load")
+    blocks: list[Block] = [("table", head, rows)]
     if not_rec:
         blocks.append(("p", "Not recommended:"))
         blocks.append(("list", [f"{name}: {why}" for name, why in not_rec.items()]))
@@ -65,6 +78,27 @@ def _crossover_text(axis: str, value, between, layouts, status: str, crossovers:
             f"{crossovers[dp]['evidence']}."
         )
     return f"SN/DP crossover by {axis}: none ({status}): {crossovers[dp]['evidence']}."
+
+
+def _baseline_blocks(baseline: dict, h: int) -> list[Block]:
+    blocks: list[Block] = [("h", h, "Against plain vLLM")]
+    if baseline["status"] != "measured":
+        return blocks + [
+            ("p", f"Against plain vLLM: {baseline['status']} (sweep --layouts baseline,...).")
+        ]
+    blocks.append(("p", baseline["summary"][0].upper() + baseline["summary"][1:] + "."))
+    head = ["layout", "load", "output tok/s", "TTFT p50", "TTFT p99", "TPOT p50"]
+    rows = [
+        [name, f"{fmt_load(r[axis])} {UNITS[axis]}"]
+        + ["-" if r[m] is None else f"{r[m]:g}x" for m in BASELINE_RATIOS]
+        for axis, by_layout in baseline["ratios"].items()
+        for name, ratios in by_layout.items()
+        for r in ratios
+    ]
+    return blocks + [
+        ("p", "Each figure as a ratio to plain vLLM's at the same load:"),
+        ("table", head, rows),
+    ]
 
 
 def _points_table(curves: Curves, axis: str) -> Block:
@@ -127,6 +161,7 @@ def _host_blocks(host: str, d: dict, axes: dict[str, Curves], plots: dict, level
                 ),
             )
         )
+    blocks += _baseline_blocks(d["baseline"], h)
     blocks.append(("h", h, "Saturation"))
     entries = list(d["saturation"].items())
     entries += [
@@ -288,9 +323,11 @@ def document_blocks(analysis: dict, axes_by_host: dict, plots: dict) -> list[Blo
                 f"Crossover: {CROSSOVER_METHOD}. SN is the default; a layout is recommended "
                 f"above its crossover over the layout recommended below it.",
                 f"Saturation: {SATURATION_METHOD}.",
-                "Bandwidth roofline: decode tok/s (1000 / ITL p50) at concurrency 1 (else the "
-                "lowest load) x model_bytes / the measured GB/s of the nodes one request "
-                "reads (manifest.json: the layout's plan and bandwidth_per_node_gbps).",
+                f"Against plain vLLM (the baseline layout): {BASELINE_METHOD}.",
+                "Bandwidth roofline: decode tok/s (1000 / TPOT p50, else ITL p50) at "
+                "concurrency 1 (else the lowest load) x model_bytes / the measured GB/s of "
+                "the nodes one request reads (manifest.json: the layout's plan and "
+                "bandwidth_per_node_gbps).",
             ],
         )
     )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from socketwise.measure import rundir
 
-LAYOUT_ORDER = ("sn", "tp", "dp", "dp-vllm")
+# Plain vLLM (the sweep's `baseline`) first: every other layout is read against it.
+LAYOUT_ORDER = ("baseline", "sn", "tp", "dp", "dp-vllm")
 UNITS = {"rate": "req/s", "concurrency": "concurrent"}
 
 
