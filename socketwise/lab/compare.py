@@ -1,0 +1,70 @@
+"""Interleaved sweeps for the shipped comparison scripts (scripts/): the same hosts and
+load measured with one thing changed, round after round, compared on the medians."""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from socketwise.common import paths
+
+# summary.csv's figures a comparison prints: throughput, then latency. Not ITL: with a
+# small model vLLM CPU streams several tokens a chunk and ITL's median is 0.
+FIGURES = (
+    ("output_tok_s", "output tok/s"),
+    ("ttft_p50_ms", "TTFT p50"),
+    ("tpot_p50_ms", "TPOT p50"),
+)
+
+
+def closed_loop_rows(
+    inventory: Path, layouts: list[str], run_dir: Path, sweep_args: list[str], who: str
+) -> list[dict]:
+    """One `socketwise sweep` of LAYOUTS on INVENTORY, left on the last layout; summary.csv's
+    closed-loop rows. SWEEP_ARGS are more sweep flags (concurrencies, lengths, seconds).
+    Exits with WHO's name and the sweep's last words when it fails."""
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run(
+        [str(bin_dir / "socketwise"), "sweep", "-i", str(inventory), "--layouts", ",".join(layouts),
+         "--rate-fractions", "1.0", "--no-restore", "--run-dir", str(run_dir), *sweep_args],
+        cwd=paths.repo_root(), capture_output=True, text=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        sys.exit(f"{who}: the sweep failed:\n{done.stderr[-3000:]}")
+    with (run_dir / "summary.csv").open() as handle:
+        return [row for row in csv.DictReader(handle) if row["concurrency"] and not row["rate"]]
+
+
+class Figures:
+    """Every round's figures per key (say host, side, concurrency), compared as medians."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, dict[str, list[float]]] = {}
+
+    def add(self, key: tuple, row: dict) -> None:
+        got = self.values.setdefault(key, {})
+        for metric, _ in FIGURES:
+            if row.get(metric):
+                got.setdefault(metric, []).append(float(row[metric]))
+
+    def median(self, key: tuple, metric: str) -> float | None:
+        values = self.values.get(key, {}).get(metric)
+        return statistics.median(values) if values else None
+
+    def against(self, key: tuple, reference: tuple, names: tuple[str, str]) -> str:
+        """KEY's medians against REFERENCE's, each figure with the ratio of the two."""
+        parts = []
+        for metric, label in FIGURES:
+            mine, theirs = self.median(key, metric), self.median(reference, metric)
+            if mine is not None and theirs:
+                parts.append(
+                    f"{label} {names[0]} {mine:.1f}, {names[1]} {theirs:.1f}: "
+                    f"{names[0]}/{names[1]} {mine / theirs:.3f}"
+                )
+        rounds = len(self.values.get(key, {}).get("output_tok_s", []))
+        return f"{'; '.join(parts)} ({rounds} round(s))"
