@@ -14,7 +14,14 @@ PLOTS_DIR = "plots"
 
 # --- plots ----------------------------------------------------------------------------
 
-_COLOURS = {"sn": "#1f77b4", "tp": "#d62728", "dp": "#2ca02c", "dp-vllm": "#9467bd"}
+# Plain vLLM (the baseline) in black: the line every other layout is read against.
+_COLOURS = {
+    "baseline": "#000000",
+    "sn": "#1f77b4",
+    "tp": "#d62728",
+    "dp": "#2ca02c",
+    "dp-vllm": "#9467bd",
+}
 _SPARE_COLOURS = ("#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
@@ -76,7 +83,11 @@ def _plot_throughput(host, axis, curves, d, run_dir) -> tuple[str, str]:
             [s["max"] - y for y, s in zip(ys, spread, strict=True)],
         ]
         colour = _colour(name, names)
-        ax.errorbar(xs, ys, yerr=errs, color=colour, marker="o", capsize=4, label=name)
+        plain = name == "baseline"
+        ax.errorbar(
+            xs, ys, yerr=errs, color=colour, marker="o", capsize=4,
+            linestyle="--" if plain else "-", label="plain vLLM (baseline)" if plain else name,
+        )  # fmt: skip
         entry = sat.get(name)
         if entry and entry[axis] is not None:
             y = next(p.tok for p in points if p.load == entry[axis])
