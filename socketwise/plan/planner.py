@@ -509,6 +509,11 @@ _FLAGS = {
     "topology": "--topology/--root",
     "port": "--port",
     "build_class": "--build-class",
+    "layers": "--model-layers",
+    "engine": "--engine",
+    "stages": "--stages",
+    "master_port": "--master-port",
+    "rpc_port": "--rpc-port",
 }
 
 
@@ -519,9 +524,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Plan the vLLM layout for one host from its topology facts.",
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--topology", type=Path, help="topology JSON (from `socketwise topology`)")
+    source.add_argument(
+        "--topology",
+        type=Path,
+        action="append",
+        help="topology JSON (from `socketwise topology`); several, one per host with the "
+        "head first, plan a cluster (its file names name the hosts)",
+    )
     source.add_argument("--root", default=None, help="detect from this root instead (default /)")
-    parser.add_argument("--layout", default="auto", help="sn, tp, dp or auto (default auto)")
+    parser.add_argument("--layout", default="auto", help="sn, tp, dp, pp or auto (default auto)")
     parser.add_argument("--ranks", type=int, help="TP or DP ranks (default: one per node)")
     parser.add_argument("--model-gb", type=float, default=0.0, help="weight size in GB")
     parser.add_argument("--reserve-cores", type=int, help="cores per node left to the OS")
@@ -538,10 +549,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--build-class", help="avx2, avx512, amx or zen instead of the detected class"
     )
+    cluster = parser.add_argument_group("clusters (several --topology, or --layout pp)")
+    cluster.add_argument("--model-layers", type=int, help="the model's layer count")
+    cluster.add_argument("--engine", default="vllm", help="vllm (default) or llamacpp")
+    cluster.add_argument("--stages", type=int, help="hosts the pipeline uses (default all)")
+    cluster.add_argument("--master-port", type=int, default=29501, help="vLLM's, on the head")
+    cluster.add_argument("--rpc-port", type=int, default=50052, help="llama.cpp's first RPC port")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.layout == "pp" or len(args.topology or []) > 1:
+        return _run_cluster(args)
     try:
         topo = _load_topology(args)
         result = plan(
@@ -561,9 +580,48 @@ def _run(args: argparse.Namespace) -> int:
             ),
         )
     except PlanError as exc:
-        source = args.topology if exc.field == "topology" and args.topology else None
+        source = args.topology[0] if exc.field == "topology" and args.topology else None
         flag = f"--topology {source}" if source else _FLAGS.get(exc.field, exc.field)
         print(f"socketwise plan: error: {flag}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    # Imported here: the cluster planner builds on this module's.
+    from .cluster import ClusterRequest, plan_hosts
+
+    files = args.topology or []
+    try:
+        if not files:
+            raise PlanError("topology", "a cluster plan reads one --topology file per host")
+        if args.model_layers is None:
+            raise PlanError("layers", "give the model's layer count (its num_hidden_layers)")
+        hosts = []
+        for path in files:
+            try:
+                hosts.append((path.stem, read_topology(path)))
+            except PlanError as exc:
+                raise PlanError("topology", f"{path}: {exc}") from exc
+        result = plan_hosts(
+            hosts,
+            ClusterRequest(
+                model_gb=args.model_gb,
+                layers=args.model_layers,
+                engine=args.engine,
+                stages=args.stages,
+                port=args.port,
+                master_port=args.master_port,
+                rpc_port=args.rpc_port,
+                reserve_cores=args.reserve_cores,
+                kv_gb=args.kv_gb,
+                build_class=args.build_class,
+            ),  # fmt: skip
+            args.layout,
+        )
+    except PlanError as exc:
+        print(f"socketwise plan: error: {_FLAGS.get(exc.field, exc.field)}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))
     return 0
@@ -575,7 +633,7 @@ def _load_topology(args: argparse.Namespace) -> dict:
             return topology.detect(args.root or "/")
         except topology.TopologyError as exc:
             raise PlanError("topology", str(exc)) from exc
-    return read_topology(args.topology)
+    return read_topology(args.topology[0])
 
 
 def read_topology(path: Path) -> dict:
