@@ -120,6 +120,18 @@ def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(ru
     assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])
 
 
+def test_every_layout_is_measured_warm(run_dir):
+    # The first step after each deploy sends warm-up requests it leaves out: the first
+    # layout's calibration, then each later layout's first measured step.
+    def step(layout: str, batch: str, name: str) -> dict:
+        path = run_dir / "hosts" / "lab1" / layout / batch / name / "step.json"
+        return json.loads(path.read_text())
+
+    assert step("baseline", "calibration", "max")["warmups"] == 4
+    assert "warmups" not in step("baseline", "sweep", "c1")
+    assert step("sn", "sweep", "c1")["warmups"] == step("dp", "sweep", "c1")["warmups"] == 4
+
+
 def test_the_host_is_back_on_its_configured_layout(run_dir):
     restored = _deployed(run_dir, "restored")
     assert (restored["layout"], restored["placement"]) == ("sn", "plan")

@@ -63,6 +63,11 @@ LAYOUTS = {
 }
 
 
+# Requests the first step after each deploy sends before it measures (vLLM's benchmark
+# leaves them out of its figures).
+WARMUP_REQUESTS = 4
+
+
 class SweepError(RuntimeError):
     pass
 
@@ -285,6 +290,9 @@ class Sweep:
             artifacts = self.run_dir / "artifacts" / layout
             _runner("deploy.yml", self.inventory, LAYOUTS[layout], artifacts)
             self.deployed = layout
+            # A server just started answers its first requests slower: without this the
+            # first layout (warmed by its calibration) would be measured warm, the rest cold.
+            steps = [{**steps[0], "warmups": WARMUP_REQUESTS}, *steps[1:]]
         self._say(f"{layout}: {batch}, {len(steps)} step(s): {[s['name'] for s in steps]}")
         found: dict[str, dict[str, dict]] = {}
         unpacked = _bench(
@@ -421,8 +429,10 @@ def sweep(
         f"{LOADGEN_GROUP}, or else the served host on its reserved cores when the plan has "
         "any) to the planned endpoint: network, tokenisation, queueing, prefill and decode; "
         "power and CPU are the served host's",
-        "warm_up": "deploy.yml's readiness completion, and a flat-out run before the "
-        "measured steps (calibration or bracket)",
+        "warm_up": "deploy.yml's readiness completion; after every deploy the first step "
+        f"sends {WARMUP_REQUESTS} warm-up requests that are not measured (vLLM's benchmark; "
+        "GuideLLM sends none); a flat-out run before the first layout's steps (calibration "
+        "or bracket)",
         "hosts": {},
     }
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
