@@ -617,7 +617,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
                 reserve_cores=args.reserve_cores,
                 kv_gb=args.kv_gb,
                 build_class=args.build_class,
-            ),  # fmt: skip
+            ),
             args.layout,
         )
     except PlanError as exc:
