@@ -43,6 +43,8 @@ POWER_COLUMNS = ("host", "layout", "rate", "concurrency", "watts", "source")
 METRICS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms")
 AXES = ("rate", "concurrency")
 IDLE = "idle"
+# The layout name of plain vLLM, which a report reads every other layout against.
+BASELINE = "baseline"
 MANIFEST_SCHEMA = 1
 
 

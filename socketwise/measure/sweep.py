@@ -28,6 +28,7 @@ from pathlib import Path
 
 from socketwise.common import paths
 from socketwise.measure.rundir import (
+    BASELINE,
     POWER_COLUMNS,
     SUMMARY_COLUMNS,
     RunDirError,
@@ -51,7 +52,7 @@ LOADGEN_GROUP = "socketwise_loadgen"
 # instance with vLLM's own defaults (its automatic thread binding, no unit placement, no
 # preloads) and the kit's kernel tuning put back, with only the KV size it needs to start.
 LAYOUTS = {
-    "baseline": {
+    BASELINE: {
         "plan_layout": "sn",
         "vllm_service_placement": "vllm",
         "host_tuning_state": "absent",
@@ -369,7 +370,7 @@ def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
         experiment.measure(layout, bracket, "bracket")
     search: dict = {"saturation_rate": dict(experiment.flat_out), "rounds": []}
     # The search is between the kit's layouts; the baseline is bracketed, not bisected.
-    kit = [x for x in layouts if x != "baseline"]
+    kit = [x for x in layouts if x != BASELINE]
     first, second = kit[0] if kit else None, next((x for x in kit[1:] if x.startswith("dp")), None)
     if second is None:
         return search
@@ -423,7 +424,7 @@ def sweep(
         "baseline": "plain vLLM: one instance with vLLM's own defaults (automatic thread "
         "binding, no placement, preloads or kernel tuning), the plan's KV size, dtype and "
         "front door"
-        if "baseline" in layouts
+        if BASELINE in layouts
         else None,
         "measured_boundary": "HTTP client on the load generator (a host of the group "
         f"{LOADGEN_GROUP}, or else the served host on its reserved cores when the plan has "

@@ -54,7 +54,7 @@ TTFT_FACTOR = 3.0
 ERROR_SHARE = 0.01
 BASE_LAYOUT = "sn"
 # Plain vLLM, measured for comparison (socketwise sweep --layouts baseline,...).
-BASELINE_LAYOUT = "baseline"
+BASELINE_LAYOUT = rundir.BASELINE
 # The figures given as a ratio to the baseline's: throughput (above 1 is better) and
 # latency (below 1 is better); a latency ratio above 1 + LATENCY_TOLERANCE is named.
 BASELINE_RATIOS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")

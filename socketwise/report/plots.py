@@ -16,7 +16,7 @@ PLOTS_DIR = "plots"
 
 # Plain vLLM (the baseline) in black: the line every other layout is read against.
 _COLOURS = {
-    "baseline": "#000000",
+    rundir.BASELINE: "#000000",
     "sn": "#1f77b4",
     "tp": "#d62728",
     "dp": "#2ca02c",
@@ -83,7 +83,7 @@ def _plot_throughput(host, axis, curves, d, run_dir) -> tuple[str, str]:
             [s["max"] - y for y, s in zip(ys, spread, strict=True)],
         ]
         colour = _colour(name, names)
-        plain = name == "baseline"
+        plain = name == rundir.BASELINE
         ax.errorbar(
             xs, ys, yerr=errs, color=colour, marker="o", capsize=4,
             linestyle="--" if plain else "-", label="plain vLLM (baseline)" if plain else name,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from socketwise.measure import rundir
 
 # Plain vLLM (the sweep's `baseline`) first: every other layout is read against it.
-LAYOUT_ORDER = ("baseline", "sn", "tp", "dp", "dp-vllm")
+LAYOUT_ORDER = (rundir.BASELINE, "sn", "tp", "dp", "dp-vllm")
 UNITS = {"rate": "req/s", "concurrency": "concurrent"}
 
 
