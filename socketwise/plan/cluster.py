@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .hwclass import BuildRefused, build
+from .hwclass import BUILD_CLASSES, BuildRefused, build
 from .planner import (
     MAX_PORT,
     MIN_KV_GB,
@@ -119,7 +119,7 @@ def _one_build(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict:
     classes = {name: b["class"] for name, b in builds.items()}
     if len(set(classes.values())) > 1:
         listed = ", ".join(f"{name} {cls}" for name, cls in classes.items())
-        lowest = min(classes.values(), key=["avx2", "avx512", "amx", "zen"].index)
+        lowest = min(classes.values(), key=BUILD_CLASSES.index)
         raise PlanError(
             "build_class",
             f"hosts of different build classes ({listed}): one cluster runs one build; set the "
@@ -139,7 +139,8 @@ def _host_request(
 
 
 def _vllm_stages(hosts, counts, request: ClusterRequest) -> tuple[int, list[dict]]:
-    """Each host's stage: SN where its share fits one node, else the TP every host can run."""
+    """Each host's stage (its COUNTS layers): SN where its share fits one node, else the TP
+    every host can run."""
     shares = [request.model_gb * c / request.layers for c in counts]
     needed = []
     for (name, topo), share in zip(hosts, shares, strict=True):
@@ -151,8 +152,8 @@ def _vllm_stages(hosts, counts, request: ClusterRequest) -> tuple[int, list[dict
             ) from exc
     tp = max(needed)
     placed = []
-    for (name, topo), share in zip(hosts, shares, strict=True):
-        layout, ranks = ("tp", tp) if tp > 1 else ("sn", 1)
+    layout, ranks = ("tp", tp) if tp > 1 else ("sn", 1)
+    for (name, topo), share, count in zip(hosts, shares, counts, strict=True):
         try:
             instance = plan(topo, _host_request(request, layout, share, ranks))["instances"][0]
         except PlanError as exc:
@@ -161,7 +162,7 @@ def _vllm_stages(hosts, counts, request: ClusterRequest) -> tuple[int, list[dict
                 f"{name}: every stage runs TP-{tp} (vLLM needs one TP for all), which this host "
                 f"cannot: {exc}",
             ) from exc
-        placed.append({"weights_gb": round(share, 3), "stage": _stage(instance)})
+        placed.append({"layers": count, "stage": _stage(instance), "rpc_servers": []})
     return tp, placed
 
 
@@ -178,11 +179,10 @@ def _devices(hosts: list[tuple[str, dict]], request: ClusterRequest) -> list[dic
     head_node = head["ranks"][0]["node"]
     node = next(n for n in _cpu_nodes(head_topo) if n.id == head_node)
     devices = [{"host": head_name, "node": head_node, "gb": _usable_gb(node), "stage": head}]
+    reserve = _host_request(request, "sn", 0.0)
     for name, topo in hosts[1:]:
         for index, node in enumerate(sorted(_cpu_nodes(topo), key=lambda n: n.id)):
-            cores = node.cores[
-                : len(node.cores) - _reserve_for(node, _host_request(request, "sn", 0))
-            ]
+            cores = node.cores[: len(node.cores) - _reserve_for(node, reserve)]
             cpus = [core[0] for core in cores]
             devices.append(
                 {"host": name, "node": node.id, "gb": _usable_gb(node), "cpus": cpus,
@@ -223,7 +223,7 @@ def _llamacpp_hosts(hosts, request: ClusterRequest) -> tuple[list[dict], dict]:
                         "layers": d["layers"],
                     }
                     for d in by_host[name]
-                ],  # fmt: skip
+                ],
             }
             for name, _ in hosts[1:]
         ],
@@ -299,9 +299,6 @@ def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
     if request.engine == "vllm":
         counts = _split_layers(request.layers, usable)
         tp, placed = _vllm_stages(hosts, counts, request)
-        for entry, count in zip(placed, counts, strict=True):
-            entry["layers"] = count
-            entry["rpc_servers"] = []
         engine = {"tp": tp, "layer_partition": ",".join(map(str, counts)),
                   "master_port": request.master_port}  # fmt: skip
     else:
