@@ -20,6 +20,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _PATH = re.compile(r"/[A-Za-z0-9._/+-]*")
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 # What a key or token may hold: one word a unit's EnvironmentFile and HAProxy's
@@ -149,6 +150,43 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
     return errors + address_errors(values)
 
 
+def cluster_value_errors(values: Mapping[str, object]) -> list[str]:
+    """The values a cluster's units and front door are written with (socketwise_cluster,
+    vllm_served_name, vllm_home, cluster_address), as unit_value_errors says them."""
+    errors = []
+    name = values.get("socketwise_cluster")
+    if not isinstance(name, str) or not _CLUSTER_NAME.fullmatch(name):
+        errors.append(
+            _problem(
+                "socketwise_cluster",
+                name,
+                "is not a cluster name",
+                "use up to 64 letters, digits and . _ - (first a letter or digit)",
+            )
+        )
+    served = values.get("vllm_served_name")
+    if not isinstance(served, str) or not _MODEL_NAME.fullmatch(served):
+        errors.append(
+            _problem(
+                "vllm_served_model_name",
+                served,
+                "is not a model name",
+                "use letters, digits and . _ : / - only",
+            )
+        )
+    home = values.get("vllm_home")
+    if not isinstance(home, str) or not _PATH.fullmatch(home):
+        errors.append(
+            _problem(
+                "vllm_home",
+                home,
+                "is not an absolute path of plain characters",
+                "use letters, digits and . _ - + / only",
+            )
+        )
+    return errors + address_errors({"cluster_address": values.get("cluster_address")})
+
+
 def address_errors(values: Mapping[str, object]) -> list[str]:
     """The front door on the public address, the instances on a loopback one, the metrics
     listener on a named (not wildcard) one, each port in 1-65535 (those given in `values`;
@@ -165,6 +203,12 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
             "vllm_service_metrics_address",
             lambda a: not a.is_unspecified,
             "give the monitoring network's address of this host, or 127.0.0.1, not a wildcard",
+        ),
+        (
+            "cluster_address",
+            lambda a: not a.is_unspecified and (a.is_private or a.is_loopback),
+            "give this host's address on the cluster's private network (llama.cpp's RPC and "
+            "vLLM's pipeline have no authentication), not a wildcard or a public one",
         ),
     ]
     for variable, allowed, fix in rules:

