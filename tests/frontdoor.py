@@ -102,7 +102,7 @@ for path in glob.glob("/proc/[0-9]*/cmdline"):
             found.append(path)
     except OSError:
         pass
-for path in glob.glob("/etc/systemd/system/socketwise-*") + ["/etc/socketwise/haproxy.cfg"]:
+for path in glob.glob("/etc/systemd/system/socketwise-*") + glob.glob("/etc/socketwise/*.cfg"):
     if os.path.isfile(path) and key in open(path).read():
         found.append(path)
 units = [os.path.basename(p) for p in glob.glob("/etc/systemd/system/socketwise-*.service")]

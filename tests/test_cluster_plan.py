@@ -96,14 +96,17 @@ def test_llamacpp_puts_one_rpc_server_per_node_with_a_thread_per_physical_core(h
     assert len({c for s in servers for c in s["cpus"]}) == 8 * 14
     settings = plan["engine_settings"]
     assert settings["rpc"] == [f"epyc-nps4:{port}" for port in range(50052, 50060)]
-    assert settings["tensor_split"] == [s["layers"] for s in servers]
+    # llama-server counts the output layer as one more, on the last server.
+    assert settings["tensor_split"] == [s["layers"] for s in servers[:-1]] + [
+        servers[-1]["layers"] + 1
+    ]
     # llama-server keeps the first layers on its own CPU: the rest go to the RPC servers.
     assert settings["n_gpu_layers"] == 61 + 1 - head["layers"]["count"]
-    assert head["layers"]["count"] + sum(settings["tensor_split"]) == 61
+    assert head["layers"]["count"] + sum(settings["tensor_split"]) == 61 + 1
     # One node of 384 GB on the head against 8 of 96: a third of the usable memory, 20.3
     # layers, and the layer left over by the rounding (5.08 on each RPC server).
     assert head["layers"]["count"] == 21 and head["stage"]["membind"] == [0]
-    assert settings["tensor_split"] == [5] * 8
+    assert settings["tensor_split"] == [5] * 7 + [6]
 
 
 @pytest.mark.parametrize(

@@ -229,10 +229,16 @@ def _llamacpp_hosts(hosts, request: ClusterRequest) -> tuple[list[dict], dict]:
         ],
     ]
     # llama-server keeps the first layers (and the input embedding) on its own CPU and
-    # puts the rest on the RPC devices in --rpc order, split by --tensor-split.
+    # puts the rest on the RPC devices in --rpc order, split by --tensor-split. It counts
+    # the output layer as one more (n_gpu_layers = L + 1 - the head's), so the last RPC
+    # server's share is one more too: with whole counts the split falls exactly on them
+    # (llama-model.cpp compares count/total with count/total, the same float).
+    split = [d["layers"] for d in workers]
+    if split:
+        split[-1] += 1
     llama = {
         "n_gpu_layers": request.layers + 1 - head["layers"],
-        "tensor_split": [d["layers"] for d in workers],
+        "tensor_split": split,
         "rpc": [f"{d['host']}:{d['port']}" for d in workers],
     }
     return planned, llama

@@ -1,0 +1,270 @@
+"""One model served by several lab machines with llama.cpp RPC: deploy.yml with a
+`socketwise_cluster` group, on two machines and then three, behind the head's front door.
+
+One lab of three machines for the module, and the stages build on each other: two hosts
+(lab1 the head, lab2 a worker), then lab3 joins, then workers fail. What is asserted is
+what a user of a cluster sees: a real completion through the front door, the same greedy
+answer whatever the number of hosts, every RPC server holding layers and running where
+the plan put it with the planned thread count, nothing but the front door on a public
+address, the key nowhere but its root-only files, and an endpoint that goes down with a
+worker and comes back with it. Bad cluster input stops before any host changes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from socketwise.lab import machines as lab
+from socketwise.lab.common import api_key_path
+
+from . import frontdoor
+from .labs import fresh_lab
+from .playbooks import REPO, PlaybookRun, run_playbook
+
+pytestmark = pytest.mark.lab
+
+HEAD, PORT, API_PORT, RPC_PORT = "lab1", 8000, 8001, 50052
+HEAD_UNIT, LB_UNIT = "socketwise-llamacpp.service", "socketwise-cluster-lb.service"
+RPC_UNIT = "socketwise-rpc-node0.service"
+GREEDY = {"model": "tiny-llama", "prompt": "socketwise says hello", "max_tokens": 12,
+          "temperature": 0}  # fmt: skip
+
+
+@dataclass
+class Cluster:
+    machines: dict[str, lab.Machine]
+    work: Path
+    key: str
+
+    def deploy(self, members: list[str], *extra: str) -> PlaybookRun:
+        """deploy.yml on MEMBERS, which form cluster `a` headed by lab1 (other lab machines
+        are left out with --limit)."""
+        committed = REPO / "inventories" / "lab"
+        inventory = self.work / "inventory"
+        (inventory / "group_vars").mkdir(parents=True, exist_ok=True)
+        (inventory / "group_vars" / "lab.yml").write_text(
+            (committed / "group_vars" / "lab.yml").read_text()
+        )
+        hosts = (committed / "hosts.yml").read_text() + (
+            "    cluster_a:\n      hosts:\n"
+            + "".join(f"        {name}:\n" for name in members)
+            + "      vars:\n        socketwise_cluster: a\n"
+            f"        socketwise_cluster_head: {HEAD}\n        socketwise_engine: llamacpp\n"
+        )
+        (inventory / "hosts.yml").write_text(hosts)
+        return run_playbook(
+            "deploy.yml", "-i", str(inventory / "hosts.yml"), "--limit", ",".join(members),
+            *extra, env={"SOCKETWISE_ARTIFACTS": str(self.work / "artifacts")},
+        )  # fmt: skip
+
+    def on(self, host: str, command: str) -> str:
+        done = subprocess.run(
+            lab.ssh_command(self.machines[host], command),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{host}: {command!r}: {done.stderr}"
+        return done.stdout.strip()
+
+    def summary(self) -> dict:
+        return json.loads((self.work / "artifacts" / HEAD / "cluster-summary.json").read_text())
+
+    def address(self, host: str) -> str:
+        return self.machines[host].address
+
+    def completion(self, body: dict | None = None) -> tuple[int, dict]:
+        """(status, answer) of one completion through the front door; 0 when it broke off."""
+        try:
+            status, raw = frontdoor.call(
+                self.address(HEAD), PORT, "/v1/completions", self.key, body or GREEDY
+            )
+        except (OSError, http.client.HTTPException) as exc:
+            return 0, {"error": str(exc)}
+        return status, (json.loads(raw) if status == 200 else {"raw": raw[:200]})
+
+    def door_status(self) -> str:
+        """The front door's own view of the head (its runtime API): UP, DOWN, ..."""
+        reader = (
+            "import socket; s = socket.socket(socket.AF_UNIX); "
+            "s.connect('/run/socketwise-cluster-lb/admin.sock'); s.sendall(b'show stat\\n'); "
+            "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())"
+        )
+        lines = self.on(HEAD, f'python3 -c "{reader}"').splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return next(r["status"] for r in rows if r["pxname"] == "cluster" and r["svname"] == "head")
+
+    def wait_for(self, what: str, check, timeout: float = 90) -> float:
+        """Seconds until check() is true; fails with WHAT after TIMEOUT."""
+        started = time.monotonic()
+        while not check():
+            assert time.monotonic() - started < timeout, f"not within {timeout} s: {what}"
+            time.sleep(1)
+        return time.monotonic() - started
+
+
+def buffers_mib(summary: dict) -> dict[str, float]:
+    """{RPC endpoint: MiB of the model llama-server put there}, from its log of the start."""
+    found = {}
+    for line in summary["buffers"]:
+        match = re.search(r"RPC\d+\[([^\]]+)\] model buffer size = +([\d.]+) MiB", line)
+        if match:
+            found[match.group(1)] = float(match.group(2))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    with fresh_lab(machines=3) as machines:
+        yield Cluster(
+            {m.name: m for m in machines},
+            tmp_path_factory.mktemp("cluster"),
+            api_key_path().read_text().strip(),
+        )
+
+
+@pytest.fixture(scope="module")
+def two_hosts(cluster: Cluster) -> PlaybookRun:
+    done = cluster.deploy(["lab1", "lab2"])
+    assert done.returncode == 0, done.output[-4000:]
+    return done
+
+
+def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
+    lab3 = cluster.machines["lab3"]
+    before = cluster.on("lab3", "ls /etc/systemd/system; ls /opt")
+    alone = ["-e", "socketwise_cluster_head=lab3"]  # a cluster of lab3 alone
+    cases = [
+        (["-e", "socketwise_cluster_head=lab9"],
+         "socketwise_cluster_head=lab9: cluster a has no such host"),
+        ([*alone, "-e", "cluster_address=8.8.8.8"],
+         "cluster_address='8.8.8.8': is not allowed here"),
+        ([*alone, "-e", "socketwise_engine=vllm"],
+         "socketwise_engine=vllm: vLLM pipeline parallel"),
+        ([*alone, "-e", "cluster_rpc_port=70000"],
+         "cluster_rpc_port=70000: rpc port 70000 is not in"),
+    ]  # fmt: skip
+    for extra, said in cases:
+        done = cluster.deploy(["lab3"], *extra)
+        assert done.returncode != 0, extra
+        assert said in done.output, (extra, done.output[-2000:])
+    assert cluster.on("lab3", "ls /etc/systemd/system; ls /opt") == before
+    assert not frontdoor.answers(lab3.address, PORT)
+
+
+def test_two_hosts_serve_one_model_through_the_front_door(cluster: Cluster, two_hosts):
+    status, answer = cluster.completion()
+    assert status == 200, answer
+    assert answer["usage"]["completion_tokens"] == GREEDY["max_tokens"]
+    # The head keeps two layers, lab2's RPC server the other two (and the output layer).
+    plan = cluster.summary()["plan"]
+    assert [(h["host"], h["layers"]["count"]) for h in plan["hosts"]] == [("lab1", 2), ("lab2", 2)]
+    endpoint = f"{cluster.address('lab2').replace('127.0.', '127.1.')}:{RPC_PORT}"
+    assert cluster.summary()["rpc"] == [endpoint]
+    assert list(buffers_mib(cluster.summary())) == [endpoint]
+    unit = cluster.on("lab1", f"cat /etc/systemd/system/{HEAD_UNIT}")
+    assert f"--rpc {endpoint}" in unit and "--n-gpu-layers 3" in unit
+
+
+def test_every_server_runs_where_planned_with_the_planned_threads(cluster: Cluster, two_hosts):
+    summary = cluster.summary()
+    worker = summary["plan"]["hosts"][1]["rpc_servers"][0]
+    (rpc,) = summary["hosts"]["lab2"]
+    assert rpc["unit"] == RPC_UNIT
+    argv = rpc["argv"]
+    # One thread per physical core of the node: the plan's count, given explicitly.
+    assert argv[argv.index("--threads") + 1] == str(worker["threads"]) == "2"
+    for process in rpc["processes"]:
+        assert process["thread_cpus"] == worker["cpus"]
+    (head,) = summary["hosts"]["lab1"]
+    for process in head["processes"]:
+        assert process["thread_cpus"] == summary["plan"]["hosts"][0]["stage"]["cpus_allowed"]
+    # Read again on the host, not from the kit's own report.
+    pid = cluster.on("lab2", f"systemctl show -p MainPID --value {RPC_UNIT}")
+    allowed = cluster.on("lab2", f"grep Cpus_allowed_list /proc/{pid}/task/*/status | sort -u")
+    assert {line.split()[-1] for line in allowed.splitlines()} == {"0-1"}
+
+
+def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: Cluster, two_hosts):
+    assert frontdoor.answers(cluster.address(HEAD), PORT)
+    assert not frontdoor.answers(cluster.address(HEAD), API_PORT)
+    assert not frontdoor.answers(cluster.address("lab2"), RPC_PORT)
+    status, _ = frontdoor.call(cluster.address(HEAD), PORT, "/v1/completions", None, GREEDY)
+    assert status == 401
+    status, _ = frontdoor.call(cluster.address(HEAD), PORT, "/slots", cluster.key)
+    assert status == 403
+    for host in ("lab1", "lab2"):
+        assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
+
+
+def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
+    started = cluster.on("lab1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}")
+    done = cluster.deploy(["lab1", "lab2"])
+    assert done.returncode == 0, done.output[-3000:]
+    assert done.recap("lab1")["changed"] == 0 and done.recap("lab2")["changed"] == 0
+    assert cluster.on("lab1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}") == started
+
+
+def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
+    _, on_two = cluster.completion()
+    done = cluster.deploy(["lab1", "lab2", "lab3"])
+    assert done.returncode == 0, done.output[-4000:]
+    summary = cluster.summary()
+    assert [(h["host"], h["layers"]["count"]) for h in summary["plan"]["hosts"]] == [
+        ("lab1", 2), ("lab2", 1), ("lab3", 1)
+    ]  # fmt: skip
+    # One layer on each worker, the output layer with the last: neither holds both layers.
+    held = buffers_mib(summary)
+    assert list(held) == summary["rpc"] and len(held) == 2
+    assert 1 < held[summary["rpc"][1]] / held[summary["rpc"][0]] < 2, held
+    status, on_three = cluster.completion()
+    assert status == 200, on_three
+    # The same weights split another way: the greedy answer does not change.
+    assert on_three["choices"][0]["text"] == on_two["choices"][0]["text"]
+
+
+def test_a_dead_worker_takes_the_endpoint_down_and_its_return_brings_it_back(
+    cluster: Cluster, two_hosts
+):
+    # (HAProxy says "UP 1/2" while a check of the last deploy's restart still counts.)
+    cluster.wait_for("front door marks the head UP", lambda: cluster.door_status() == "UP")
+    cluster.on("lab3", f"systemctl stop {RPC_UNIT}")
+    down = cluster.wait_for(
+        "front door marks the head DOWN", lambda: cluster.door_status().startswith("DOWN")
+    )
+    status, _ = cluster.completion()
+    assert status == 503
+    # The head waits for its worker instead of serving without it.
+    assert cluster.on("lab1", f"systemctl show -p SubState --value {HEAD_UNIT}") in (
+        "start-pre", "auto-restart"
+    )  # fmt: skip
+    cluster.on("lab3", f"systemctl start {RPC_UNIT}")
+    back = cluster.wait_for("endpoint serves again", lambda: cluster.completion()[0] == 200)
+    assert cluster.wait_for("front door marks it UP", lambda: cluster.door_status() == "UP") < 30
+    print(f"down after {down:.0f} s, serving again {back:.0f} s after the worker's start")
+
+
+def test_a_killed_worker_comes_back_by_itself(cluster: Cluster, two_hosts):
+    restarts = int(cluster.on("lab1", f"systemctl show -p NRestarts --value {HEAD_UNIT}"))
+    cluster.on("lab2", f"systemctl kill --signal=SIGKILL {RPC_UNIT}")
+    # systemd starts the RPC server again; the head's next request finds its tensors gone,
+    # llama-server aborts, and its unit loads the model onto the new server.
+    cluster.wait_for(
+        "head restarted",
+        lambda: (
+            cluster.completion()[0] == 200
+            and int(cluster.on("lab1", f"systemctl show -p NRestarts --value {HEAD_UNIT}"))
+            > restarts
+        ),
+        timeout=120,
+    )
+    status, answer = cluster.completion()
+    assert status == 200 and answer["usage"]["completion_tokens"] == GREEDY["max_tokens"]
