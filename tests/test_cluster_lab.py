@@ -28,7 +28,7 @@ from socketwise.lab.common import api_key_path
 
 from . import frontdoor
 from .labs import fresh_lab
-from .playbooks import REPO, PlaybookRun, run_playbook
+from .playbooks import BIN, REPO, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
 
@@ -268,3 +268,45 @@ def test_a_killed_worker_comes_back_by_itself(cluster: Cluster, two_hosts):
     )
     status, answer = cluster.completion()
     assert status == 200 and answer["usage"]["completion_tokens"] == GREEDY["max_tokens"]
+
+
+def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
+    cluster: Cluster, two_hosts
+):
+    run_dir = cluster.work / "hosts-run"
+    inventory = cluster.work / "inventory" / "hosts.yml"  # the three-host cluster
+    done = subprocess.run(
+        [str(BIN / "socketwise"), "sweep", "-i", str(inventory), "--hosts", "1,2,3",
+         "--concurrencies", "1", "--step-seconds", "5", "--input-len", "64",
+         "--output-len", "16", "--run-dir", str(run_dir)],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    decided = json.loads(
+        subprocess.run(
+            [str(BIN / "socketwise"), "report", "--json", str(run_dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout  # fmt: skip
+    )["cluster"]
+    assert decided["hosts"] == [1, 2, 3]
+    series = decided["by_concurrency"]["1"]
+    for metric in ("prefill_tok_s", "decode_tok_s", "output_tok_s"):
+        assert set(series[metric]) == {"1", "2", "3"} and all(
+            v > 0 for v in series[metric].values()
+        )
+    assert decided["change"]["prefill_tok_s"] > 0 and decided["change"]["decode_tok_s"] > 0
+    # Each count was planned over that many hosts.
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["cluster"]["members"] == ["lab1", "lab2", "lab3"]
+    planned = manifest["hosts"][HEAD]["layouts"]
+    assert [len(planned[f"pp{n}"]["hosts"]) for n in (1, 2, 3)] == [1, 2, 3]
+    report = (run_dir / "report.md").read_text()
+    assert "## Cluster: prefill and decode against the number of hosts" in report
+    assert (run_dir / "plots" / "cluster-hosts.png").stat().st_size > 0
+    # The sweep put the whole cluster back.
+    restored = run_dir / "artifacts" / "restored" / HEAD / "cluster-summary.json"
+    assert len(json.loads(restored.read_text())["plan"]["hosts"]) == 3
+    assert cluster.completion()[0] == 200
+    print(decided["summary"])

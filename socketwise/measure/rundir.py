@@ -1,4 +1,5 @@
-"""The files of a run directory: `summary.csv`, `power.csv`, `manifest.json`.
+"""The files of a run directory: `summary.csv`, `power.csv`, `manifest.json`, and a
+cluster's `cluster.csv`.
 
 Plain Python, stdlib only. The benchmark runner writes these files, `socketwise report`
 reads them, and people feed in results from elsewhere, so `summary.csv` is a public
@@ -40,6 +41,19 @@ SUMMARY_COLUMNS = (
 # them): read as not measured.
 OPTIONAL_COLUMNS = ("tpot_p50_ms",)
 POWER_COLUMNS = ("host", "layout", "rate", "concurrency", "watts", "source")
+# A cluster measured at several numbers of hosts (`socketwise sweep --hosts`): one row per
+# count and concurrency, prefill and decode at llama.cpp's own timings.
+CLUSTER = "cluster.csv"
+CLUSTER_COLUMNS = (
+    "hosts",
+    "concurrency",
+    "requests",
+    "prompt_tokens",
+    "output_tokens",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "output_tok_s",
+)
 METRICS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms")
 AXES = ("rate", "concurrency")
 IDLE = "idle"
@@ -196,6 +210,38 @@ def read_power(run_dir: str | Path) -> list[PowerRow] | None:
         else:
             axis, load = _axis_and_load(path, line, row)
         rows.append(PowerRow(row["host"].strip(), layout, axis, load, watts, row["source"].strip()))
+    return rows
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    """One row of cluster.csv; a rate is None where nothing completed."""
+
+    hosts: int
+    concurrency: int
+    requests: int
+    prefill_tok_s: float | None
+    decode_tok_s: float | None
+    output_tok_s: float
+
+
+def read_cluster(run_dir: str | Path) -> list[ClusterRow] | None:
+    """cluster.csv's rows, or None when the run measured no cluster."""
+    path = Path(run_dir) / CLUSTER
+    if not path.is_file():
+        return None
+    rows = []
+    for line, row in _rows(path, CLUSTER_COLUMNS):
+        rows.append(
+            ClusterRow(
+                hosts=_number(path, line, "hosts", row["hosts"], int),
+                concurrency=_number(path, line, "concurrency", row["concurrency"], int),
+                requests=_number(path, line, "requests", row["requests"], int),
+                prefill_tok_s=_optional(path, line, row, "prefill_tok_s"),
+                decode_tok_s=_optional(path, line, row, "decode_tok_s"),
+                output_tok_s=_number(path, line, "output_tok_s", row["output_tok_s"]),
+            )
+        )
     return rows
 
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from socketwise.common import paths
+from socketwise.measure import hostcount
 from socketwise.measure.rundir import (
     BASELINE,
     POWER_COLUMNS,
@@ -118,6 +119,7 @@ def _runner(
     extravars: dict,
     artifacts: Path,
     on_event: Callable[[dict], bool] | None = None,
+    limit: str | None = None,
 ) -> None:
     import ansible_runner
 
@@ -138,6 +140,7 @@ def _runner(
             },
             quiet=True,
             event_handler=on_event,
+            limit=limit,
         )
         if result.rc != 0:
             failed = "; ".join(failures(result.events))
@@ -458,6 +461,67 @@ def sweep(
     return run_dir
 
 
+def sweep_hosts(
+    inventory: Path,
+    counts: list[int],
+    run_dir: Path,
+    profile: Profile,
+    api_key_file: Path | None,
+    restore: bool = True,
+) -> Path:
+    """The inventory's one cluster at each number of hosts (socketwise.measure.hostcount)."""
+    cluster = hostcount.cluster_of(inventory)
+    counts = hostcount.counts_for(cluster, counts)
+    key_file = api_key_file or hostcount.key_file_of(inventory, cluster["head"])
+    key = key_file.read_text().strip() if key_file else ""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    layouts = [hostcount.LAYOUT.format(n) for n in counts]
+    manifest: dict = {
+        "schema": 1,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "inventory": str(inventory),
+        "layouts": layouts,
+        "mode": "hosts",
+        "profile": asdict(profile),
+        "cluster": cluster | {"counts": counts},
+        "load_generator": "socketwise's closed-loop client on the controller (non-streaming "
+        "/v1/completions, random token prompts of input_len, ignore_eos)",
+        "load_shape": {"concurrency": "closed loop: that many requests in flight"},
+        "measured_boundary": "HTTP client on the controller to the cluster's front door on its "
+        "head; prefill and decode rates are llama.cpp's own timings of each request",
+        "warm_up": f"deploy.yml's readiness completion, then {hostcount.WARMUP_REQUESTS} "
+        "unmeasured requests after every deploy",
+        "hosts": {},
+    }
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[sweep] {time.monotonic() - started:.0f} s: {message}", flush=True)
+
+    def deploy(limit: str, layout: str) -> None:
+        _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / layout, limit=limit)
+
+    def endpoint_of(layout: str) -> tuple[str, str, str, int]:
+        deployed = json.loads(
+            (run_dir / "artifacts" / layout / cluster["head"] / "cluster-summary.json").read_text()
+        )
+        entry = manifest["hosts"].setdefault(cluster["head"], {})
+        entry.update(model=deployed["model"], served_model_name=deployed["served_name"],
+                     build=deployed["build"])  # fmt: skip
+        entry.setdefault("layouts", {})[layout] = deployed["plan"]
+        return (deployed["endpoint"], key, deployed["served_name"],
+                hostcount.vocabulary(deployed["endpoint"], key))  # fmt: skip
+
+    summary, series = hostcount.measure(deploy, endpoint_of, cluster, counts, profile, say)
+    if restore:
+        say("restoring the whole cluster")
+        _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored")
+    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    hostcount.write(run_dir, summary, series)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return run_dir
+
+
 def _collect_hosts(run_dir: Path, manifest: dict) -> None:
     """Per host: model, versions, build, weight bytes and bandwidth, from the deploy artifacts.
 
@@ -520,6 +584,17 @@ def register(
     parser.add_argument(
         "--tool", default="vllm", help=f"load generator: {' or '.join(TOOLS)} (default vllm)"
     )
+    parser.add_argument(
+        "--hosts",
+        help="measure the inventory's one cluster at each of these numbers of hosts "
+        "(e.g. 1,2,3: the head and the first workers) instead of layouts",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="with --hosts: a file with the front door's key (default: the head's "
+        "vllm_service_api_key_file; none: no key)",
+    )
     parser.set_defaults(func=functools.partial(_run, write_report=write_report))
 
 
@@ -559,11 +634,17 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
     run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
         profile = _profile(args)
-        sweep(
-            args.inventory, args.layouts.split(","), run_dir, profile,
-            not args.no_restore, args.mode, args.rounds, args.tool,
-        )  # fmt: skip
-    except SweepError as exc:
+        if args.hosts:
+            sweep_hosts(
+                args.inventory, _numbers("--hosts", args.hosts, int), run_dir, profile,
+                args.api_key_file, not args.no_restore,
+            )  # fmt: skip
+        else:
+            sweep(
+                args.inventory, args.layouts.split(","), run_dir, profile,
+                not args.no_restore, args.mode, args.rounds, args.tool,
+            )  # fmt: skip
+    except (SweepError, hostcount.HostCountError) as exc:
         print(f"socketwise sweep: error: {exc}", file=sys.stderr)
         return 2
     print(f"[sweep] run directory {run_dir}")

@@ -724,6 +724,61 @@ def _adaptive_bracket(manifest: dict | None) -> list[float] | None:
     return [numbers["0"], numbers["1"]] if len(numbers) == 2 else None
 
 
+CLUSTER_SERIES = ("prefill_tok_s", "decode_tok_s", "output_tok_s")
+CLUSTER_METHOD = (
+    "prefill and decode tok/s are llama.cpp's own timings summed over a step's requests "
+    "(prompt tokens over the time spent on prompts, generated tokens over the time spent "
+    "generating), the median of the repetitions; output tok/s is the client's"
+)
+
+
+def cluster_hosts(rows: list[rundir.ClusterRow] | None) -> dict | None:
+    """A cluster measured at several numbers of hosts: each series against the count, per
+    concurrency, and how prefill and decode changed from the fewest hosts to the most at the
+    lowest concurrency (the field notes' finding: prefill gains, decode does not)."""
+    if not rows:
+        return None
+    hosts = sorted({r.hosts for r in rows})
+    by_concurrency = {}
+    for concurrency in sorted({r.concurrency for r in rows}):
+        series = {}
+        for metric in CLUSTER_SERIES:
+            values = {}
+            for count in hosts:
+                taken = [
+                    getattr(r, metric)
+                    for r in rows
+                    if r.hosts == count and r.concurrency == concurrency
+                    and getattr(r, metric) is not None
+                ]  # fmt: skip
+                if taken:
+                    values[str(count)] = statistics.median(taken)
+            series[metric] = values
+        by_concurrency[str(concurrency)] = series
+    lowest = by_concurrency[str(min(r.concurrency for r in rows))]
+    first, last = str(hosts[0]), str(hosts[-1])
+    change = {
+        metric: round(lowest[metric][last] / lowest[metric][first], 3)
+        if first in lowest[metric] and last in lowest[metric] and lowest[metric][first]
+        else None
+        for metric in CLUSTER_SERIES
+    }
+    words = []
+    for metric, name in (("prefill_tok_s", "prefill"), ("decode_tok_s", "decode")):
+        if change[metric] is not None:
+            words.append(
+                f"{name} {fmt_num(lowest[metric][first])} -> {fmt_num(lowest[metric][last])} "
+                f"tok/s ({change[metric]:.2f}x)"
+            )
+    summary = (
+        f"from {first} to {last} host(s) at concurrency {min(r.concurrency for r in rows)}: "
+        + ", ".join(words)
+        if len(hosts) > 1 and words
+        else f"measured at {', '.join(map(str, hosts))} host(s) only"
+    )
+    return {"hosts": hosts, "by_concurrency": by_concurrency, "change": change, "summary": summary}
+
+
 def analyse(run_dir: str | Path) -> dict:
     """The decisions of a run directory (see README, "Reports", for every key)."""
     run_dir = Path(run_dir)
@@ -763,6 +818,7 @@ def analyse(run_dir: str | Path) -> dict:
         },
         "notes": notes,
         "adaptive_search": search,
+        "cluster": cluster_hosts(rundir.read_cluster(run_dir)),
         "host": None,
         "hosts": hosts,
     }

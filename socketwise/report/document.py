@@ -10,6 +10,8 @@ from socketwise.measure import rundir
 from socketwise.report.analysis import (
     BASELINE_METHOD,
     BASELINE_RATIOS,
+    CLUSTER_METHOD,
+    CLUSTER_SERIES,
     CROSSOVER_METHOD,
     SATURATION_METHOD,
 )
@@ -99,6 +101,25 @@ def _baseline_blocks(baseline: dict, h: int) -> list[Block]:
         ("p", "Each figure as a ratio to plain vLLM's at the same load:"),
         ("table", head, rows),
     ]
+
+
+def _cluster_blocks(cluster: dict, plot: tuple[str, str] | None) -> list[Block]:
+    blocks: list[Block] = [
+        ("h", 2, "Cluster: prefill and decode against the number of hosts"),
+        ("p", cluster["summary"][0].upper() + cluster["summary"][1:] + "."),
+    ]
+    if plot:
+        blocks.append(("img", *plot))
+    for concurrency, series in cluster["by_concurrency"].items():
+        rows = [
+            [count] + [fmt_num(series[m].get(str(count))) for m in CLUSTER_SERIES]
+            for count in cluster["hosts"]
+        ]
+        blocks += [
+            ("p", f"Concurrency {concurrency}:"),
+            ("table", ["hosts", "prefill tok/s", "decode tok/s", "output tok/s"], rows),
+        ]
+    return blocks
 
 
 def _points_table(curves: Curves, axis: str) -> Block:
@@ -292,7 +313,9 @@ def _host_blocks(host: str, d: dict, axes: dict[str, Curves], plots: dict, level
     return blocks
 
 
-def document_blocks(analysis: dict, axes_by_host: dict, plots: dict) -> list[Block]:
+def document_blocks(
+    analysis: dict, axes_by_host: dict, plots: dict, cluster_plot: tuple[str, str] | None = None
+) -> list[Block]:
     run = Path(analysis["run_dir"]).name
     inputs = analysis["inputs"]
     blocks: list[Block] = [
@@ -313,11 +336,18 @@ def document_blocks(analysis: dict, axes_by_host: dict, plots: dict) -> list[Blo
         blocks += _host_blocks(
             host, decisions, axes_by_host[host], plots[host], 3 if several else 2
         )
+    if analysis.get("cluster"):
+        blocks += _cluster_blocks(analysis["cluster"], cluster_plot)
     blocks.append(("h", 2, "Methods"))
     blocks.append(
         (
             "list",
             [
+                *(
+                    [f"Cluster (sweep --hosts): {CLUSTER_METHOD}."]
+                    if analysis.get("cluster")
+                    else []
+                ),
                 "Every value is the median of the repetitions of a point; (min-max, n) shows "
                 "their spread.",
                 f"Crossover: {CROSSOVER_METHOD}. SN is the default; a layout is recommended "

@@ -172,6 +172,31 @@ def _plot_energy(host, steps, names, run_dir) -> list[tuple[str, str]]:
     return made
 
 
+def plot_cluster(cluster: dict, run_dir: Path) -> tuple[str, str]:
+    """Prefill and decode tok/s against the number of hosts, one line per concurrency (log
+    scale: the two differ by orders of magnitude)."""
+    figure, axes = _figure()
+    for metric, style, name in (
+        ("prefill_tok_s", "-", "prefill"),
+        ("decode_tok_s", "--", "decode"),
+    ):
+        for index, (concurrency, series) in enumerate(cluster["by_concurrency"].items()):
+            points = sorted((int(n), v) for n, v in series[metric].items())
+            if points:
+                xs, ys = zip(*points, strict=True)
+                axes.plot(xs, ys, style, marker="o", color=_SPARE_COLOURS[index % 6],
+                          label=f"{name}, concurrency {concurrency}")  # fmt: skip
+    axes.set_xticks(cluster["hosts"])
+    axes.set_xlabel("hosts in the cluster")
+    axes.set_yscale("log")
+    axes.set_ylabel("tok/s (llama.cpp's timings)")
+    axes.set_title("cluster: prefill and decode against the number of hosts")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    alt = "cluster: prefill and decode tok/s against the number of hosts"
+    return _save(figure, run_dir, "cluster-hosts.png"), alt
+
+
 def plots_for(run_dir: Path, host: str, axes: dict[str, Curves], d: dict) -> dict:
     plots: dict[str, list[tuple[str, str]]] = {}
     for axis, curves in axes.items():

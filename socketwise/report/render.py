@@ -11,7 +11,7 @@ from pathlib import Path
 from socketwise.measure import rundir
 from socketwise.report.analysis import analyse
 from socketwise.report.document import document_blocks, render_html, render_markdown
-from socketwise.report.plots import plots_for
+from socketwise.report.plots import plot_cluster, plots_for
 from socketwise.report.points import group
 
 
@@ -24,7 +24,8 @@ def write(run_dir: str | Path) -> tuple[Path, Path]:
         host: plots_for(run_dir, host, axes_by_host[host], decisions)
         for host, decisions in analysis["hosts"].items()
     }
-    blocks = document_blocks(analysis, axes_by_host, plots)
+    cluster_plot = plot_cluster(analysis["cluster"], run_dir) if analysis["cluster"] else None
+    blocks = document_blocks(analysis, axes_by_host, plots, cluster_plot)
     markdown, page = run_dir / "report.md", run_dir / "report.html"
     markdown.write_text(render_markdown(blocks))
     page.write_text(render_html(blocks, f"socketwise report: {run_dir.name}"))

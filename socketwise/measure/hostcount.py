@@ -1,0 +1,263 @@
+"""`socketwise sweep --hosts 1,2,3`: one cluster measured at each number of hosts.
+
+The field notes' cluster study found that prompt processing got faster with more nodes
+and token generation did not. This measures exactly that on any llama.cpp cluster of the
+inventory (hosts sharing a `socketwise_cluster`, README "Clusters"): for each count N it
+deploys the cluster on its head and the first N-1 workers (deploy.yml with --limit, so
+the plan splits the layers over those N), then drives its front door closed loop at
+each concurrency of the profile from the controller, and records per request
+llama.cpp's own timings (`prompt_n`/`prompt_ms`: prefill, `predicted_n`/`predicted_ms`:
+decode) beside the client's wall clock. At the end the whole cluster is deployed again.
+
+Rows go into the run directory's summary.csv as layouts `pp1`, `pp2`, ... (so the usual
+report compares them) and into cluster.csv (rundir.CLUSTER), the series the report
+shows against the number of hosts. The load is stdlib HTTP, non-streaming
+/v1/completions with random token prompts of the profile's length and `ignore_eos`, so
+every request generates exactly the profile's output length: TTFT is the request's time
+less llama.cpp's own generation time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from socketwise.common import paths
+from socketwise.measure.rundir import CLUSTER, CLUSTER_COLUMNS, SUMMARY_COLUMNS, write_csv
+
+WARMUP_REQUESTS = 4
+LAYOUT = "pp{}"
+
+
+class HostCountError(RuntimeError):
+    pass
+
+
+def cluster_of(inventory: Path) -> dict:
+    """{"name", "head", "members"} of the inventory's one cluster, the head first."""
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        raise HostCountError(f"cannot read the inventory {inventory}: {listed.stderr.strip()}")
+    listing = json.loads(listed.stdout)
+    hostvars = listing.get("_meta", {}).get("hostvars", {})
+    order = []
+    for group in _groups_in_order(listing, "all"):
+        order += [h for h in listing.get(group, {}).get("hosts", []) if h not in order]
+    clusters: dict[str, list[str]] = {}
+    for host in order:
+        name = hostvars.get(host, {}).get("socketwise_cluster")
+        if name is not None:
+            clusters.setdefault(str(name), []).append(host)
+    if len(clusters) != 1:
+        found = ", ".join(f"{n} ({len(m)} hosts)" for n, m in clusters.items()) or "none"
+        raise HostCountError(
+            f"{inventory}: --hosts measures one cluster, and the inventory has {found}; "
+            "give an inventory whose hosts share one socketwise_cluster"
+        )
+    ((name, members),) = clusters.items()
+    head = hostvars[members[0]].get("socketwise_cluster_head")
+    if head not in members:
+        raise HostCountError(
+            f"{inventory}: cluster {name} has no head {head!r}; set socketwise_cluster_head "
+            f"to one of {', '.join(members)}"
+        )
+    return {"name": name, "head": head, "members": [head] + [m for m in members if m != head]}
+
+
+def _groups_in_order(listing: dict, group: str) -> list[str]:
+    ordered = [group]
+    for child in listing.get(group, {}).get("children", []):
+        ordered += _groups_in_order(listing, child)
+    return ordered
+
+
+def key_file_of(inventory: Path, head: str) -> Path | None:
+    """The head's vllm_service_api_key_file as its inventory resolves it (a path, never the
+    key), or None when it has none."""
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), head, "-i", str(inventory),
+         "-m", "ansible.builtin.debug", "-a", "var=vllm_service_api_key_file"],
+        capture_output=True, text=True, check=False, cwd=paths.repo_root(),
+    )  # fmt: skip
+    if shown.returncode != 0 or "=>" not in shown.stdout:
+        raise HostCountError(f"cannot read {head}'s variables from {inventory}: {shown.stdout}")
+    value = json.loads(shown.stdout.split("=>", 1)[1]).get("vllm_service_api_key_file", "")
+    if not value or "VARIABLE IS NOT DEFINED" in value:
+        return None
+    return Path(value)
+
+
+def counts_for(cluster: dict, counts: list[int]) -> list[int]:
+    too_many = [n for n in counts if n > len(cluster["members"])]
+    if too_many:
+        raise HostCountError(
+            f"--hosts {','.join(map(str, counts))}: cluster {cluster['name']} has "
+            f"{len(cluster['members'])} hosts ({', '.join(cluster['members'])}); "
+            f"give counts from 1 to {len(cluster['members'])}"
+        )
+    return sorted(set(counts))
+
+
+def vocabulary(endpoint: str, key: str) -> int:
+    """The served model's vocabulary size, from llama-server's /v1/models."""
+    parts = urlsplit(endpoint)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        connection.request(
+            "GET", parts.path + "/models", headers={"Authorization": f"Bearer {key}"}
+        )
+        models = json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+    try:
+        return int(models["data"][0]["meta"]["n_vocab"])
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise HostCountError(f"{endpoint}/models gives no vocabulary size ({exc!r})") from exc
+
+
+def _request(endpoint: str, key: str, body: dict) -> dict:
+    """One completion: {status, seconds} and llama.cpp's timings when it answered."""
+    parts = urlsplit(endpoint)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    started = time.monotonic()
+    try:
+        connection.request("POST", parts.path + "/completions", json.dumps(body), headers)
+        response = connection.getresponse()
+        answer = response.read()
+        status = response.status
+    except (OSError, http.client.HTTPException):
+        status, answer = 0, b""
+    finally:
+        connection.close()
+    result = {"status": status, "seconds": time.monotonic() - started}
+    if status == 200:
+        timings = json.loads(answer).get("timings", {})
+        result.update(
+            {k: timings.get(k) for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")}
+        )
+    return result
+
+
+class Load:
+    """Closed loop: `concurrency` clients, each sending its next request when the last
+    answered, for `seconds` (at least one request each)."""
+
+    def __init__(self, endpoint: str, key: str, model: str, vocab: int, profile, seed: int):
+        self.endpoint, self.key, self.model, self.vocab = endpoint, key, model, vocab
+        self.profile, self.random = profile, random.Random(seed)
+        self.lock = threading.Lock()
+
+    def body(self) -> dict:
+        with self.lock:
+            prompt = [self.random.randrange(4, self.vocab) for _ in range(self.profile.input_len)]
+        return {"model": self.model, "prompt": prompt, "max_tokens": self.profile.output_len,
+                "ignore_eos": True, "temperature": 0, "cache_prompt": False}  # fmt: skip
+
+    def warm_up(self) -> None:
+        for _ in range(WARMUP_REQUESTS):
+            _request(self.endpoint, self.key, self.body())
+
+    def run(self, concurrency: int, seconds: float) -> tuple[list[dict], float]:
+        results: list[dict] = []
+        deadline = time.monotonic() + seconds
+
+        def client() -> None:
+            while True:
+                done = _request(self.endpoint, self.key, self.body())
+                with self.lock:
+                    results.append(done)
+                if time.monotonic() > deadline:
+                    return
+
+        started = time.monotonic()
+        clients = [threading.Thread(target=client) for _ in range(concurrency)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+        return results, time.monotonic() - started
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def rows(head: str, hosts: int, concurrency: int, results: list[dict], wall: float):
+    """(summary.csv row, cluster.csv row) of one step."""
+    ok = [r for r in results if r["status"] == 200 and r.get("predicted_n")]
+    ttft = [1000 * r["seconds"] - r["predicted_ms"] for r in ok]
+    per_token = [r["predicted_ms"] / r["predicted_n"] for r in ok]
+    prompt, output = sum(r["prompt_n"] for r in ok), sum(r["predicted_n"] for r in ok)
+    prompt_ms = sum(r["prompt_ms"] for r in ok)
+    predicted_ms = sum(r["predicted_ms"] for r in ok)
+    summary = {
+        "host": head, "layout": LAYOUT.format(hosts), "rate": None, "concurrency": concurrency,
+        "output_tok_s": round(output / wall, 3),
+        "ttft_p50_ms": _round(_percentile(ttft, 0.5)),
+        "ttft_p99_ms": _round(_percentile(ttft, 0.99)),
+        "itl_p50_ms": _round(_percentile(per_token, 0.5)),
+        "itl_p99_ms": _round(_percentile(per_token, 0.99)),
+        "completed": len(ok), "failed": len(results) - len(ok),
+        "tpot_p50_ms": _round(_percentile(per_token, 0.5)),
+    }  # fmt: skip
+    cluster = {
+        "hosts": hosts, "concurrency": concurrency, "requests": len(ok),
+        "prompt_tokens": prompt, "output_tokens": output,
+        # llama.cpp's own rates: tokens over the time it spent on each phase.
+        "prefill_tok_s": round(1000 * prompt / prompt_ms, 2) if prompt_ms else None,
+        "decode_tok_s": round(1000 * output / predicted_ms, 2) if predicted_ms else None,
+        "output_tok_s": summary["output_tok_s"],
+    }  # fmt: skip
+    return summary, cluster
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def measure(deploy, endpoint_of, cluster: dict, counts: list[int], profile, say) -> tuple:
+    """For each count: deploy (deploy(limit)), then every concurrency of the profile.
+    endpoint_of() gives (endpoint URL, key, served name, vocabulary size) after a deploy."""
+    summary, series = [], []
+    for hosts in counts:
+        members = cluster["members"][:hosts]
+        say(f"{LAYOUT.format(hosts)}: deploying on {', '.join(members)}")
+        deploy(",".join(members), LAYOUT.format(hosts))
+        endpoint, key, model, vocab = endpoint_of(LAYOUT.format(hosts))
+        load = Load(endpoint, key, model, vocab, profile, profile.seed)
+        load.warm_up()
+        for repetition in range(profile.repetitions):
+            for concurrency in profile.concurrencies:
+                results, wall = load.run(concurrency, profile.step_seconds)
+                step, point = rows(cluster["head"], hosts, concurrency, results, wall)
+                summary.append(step)
+                series.append(point)
+                say(
+                    f"{LAYOUT.format(hosts)}: c{concurrency} (round {repetition + 1}) "
+                    f"prefill {point['prefill_tok_s']} tok/s, decode {point['decode_tok_s']} "
+                    f"tok/s, {point['requests']} requests"
+                )
+    return summary, series
+
+
+def write(run_dir: Path, summary: list[dict], series: list[dict]) -> None:
+    write_csv(run_dir / "summary.csv", SUMMARY_COLUMNS, summary)
+    write_csv(run_dir / CLUSTER, CLUSTER_COLUMNS, series)
