@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,15 @@ def fresh_lab(
         yield lab.up(machines=machines, loadgen=loadgen, frontdoor=frontdoor)
     finally:
         lab.down(purge=True)
+
+
+def run_on(machine: lab.Machine, command: str) -> str:
+    """COMMAND's standard output on MACHINE over SSH; the test fails if it fails."""
+    result = subprocess.run(
+        lab.ssh_command(machine, command), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"{machine.name}: {command!r}: {result.stderr}"
+    return result.stdout.strip()
 
 
 def eager_inventory(into: Path) -> Path:

@@ -27,7 +27,7 @@ from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
 
 from . import frontdoor
-from .labs import fresh_lab
+from .labs import fresh_lab, run_on
 from .playbooks import BIN, REPO, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
@@ -67,12 +67,7 @@ class Cluster:
         )  # fmt: skip
 
     def on(self, host: str, command: str) -> str:
-        done = subprocess.run(
-            lab.ssh_command(self.machines[host], command),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, f"{host}: {command!r}: {done.stderr}"
-        return done.stdout.strip()
+        return run_on(self.machines[host], command)
 
     def summary(self) -> dict:
         return json.loads((self.work / "artifacts" / HEAD / "cluster-summary.json").read_text())

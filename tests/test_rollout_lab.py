@@ -30,7 +30,7 @@ from socketwise.lab.common import api_key_path
 from socketwise.measure.benchrun import BENCH
 
 from . import frontdoor
-from .labs import eager_inventory, fresh_lab
+from .labs import eager_inventory, fresh_lab, run_on
 from .playbooks import REPO, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
@@ -67,12 +67,7 @@ class Fleet:
         return done, time.monotonic() - started
 
     def on(self, host: str, command: str) -> str:
-        result = subprocess.run(
-            lab.ssh_command(self.machines[host], command),
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert result.returncode == 0, f"{host}: {command!r}: {result.stderr}"
-        return result.stdout.strip()
+        return run_on(self.machines[host], command)
 
     def summary(self) -> dict[str, dict]:
         hosts = json.loads((self.artifacts / "rollout-summary.json").read_text())["hosts"]

@@ -41,15 +41,20 @@ class HostCountError(RuntimeError):
     pass
 
 
-def cluster_of(inventory: Path) -> dict:
-    """{"name", "head", "members"} of the inventory's one cluster, the head first."""
+def read_inventory(inventory: Path) -> dict:
+    """`ansible-inventory --list` of INVENTORY: groups, their hosts and children, _meta."""
     listed = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if listed.returncode != 0:
         raise HostCountError(f"cannot read the inventory {inventory}: {listed.stderr.strip()}")
-    listing = json.loads(listed.stdout)
+    return json.loads(listed.stdout)
+
+
+def cluster_of(inventory: Path) -> dict:
+    """{"name", "head", "members"} of the inventory's one cluster, the head first."""
+    listing = read_inventory(inventory)
     hostvars = listing.get("_meta", {}).get("hostvars", {})
     order = []
     for group in _groups_in_order(listing, "all"):

@@ -17,7 +17,6 @@ import functools
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -165,13 +164,10 @@ def failures(events: Iterable[dict]) -> list[str]:
 
 def served_hosts(inventory: Path) -> list[str]:
     """The inventory's hosts outside the load-generator group socketwise_loadgen."""
-    listed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if listed.returncode != 0:
-        raise SweepError(f"cannot read the inventory {inventory}: {listed.stderr.strip()}")
-    groups = json.loads(listed.stdout)
+    try:
+        groups = hostcount.read_inventory(inventory)
+    except hostcount.HostCountError as exc:
+        raise SweepError(str(exc)) from None
     every = set(groups.get("_meta", {}).get("hostvars", {}))
     every |= {
         h for group in groups.values() if isinstance(group, dict) for h in group.get("hosts", [])

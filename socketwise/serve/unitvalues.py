@@ -46,6 +46,33 @@ def _problem(variable: str, value: object, what: str, fix: str) -> str:
     return f"{variable}={value!r}: {what}; {fix}"
 
 
+def _paths_and_name(values: Mapping[str, object], paths: tuple[str, ...]) -> list[str]:
+    """The PATHS variables as plain absolute paths, and the served model name."""
+    errors = []
+    for variable in paths:
+        path = values.get(variable)
+        if not isinstance(path, str) or not _PATH.fullmatch(path):
+            errors.append(
+                _problem(
+                    variable,
+                    path,
+                    "is not an absolute path of plain characters",
+                    "use letters, digits and . _ - + / only",
+                )
+            )
+    name = values.get("vllm_served_name")
+    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+        errors.append(
+            _problem(
+                "vllm_served_model_name",
+                name,
+                "is not a model name",
+                "use letters, digits and . _ : / - only",
+            )
+        )
+    return errors
+
+
 def unit_value_errors(values: Mapping[str, object]) -> list[str]:
     """Every value of `values` (the role variables that reach a unit) that cannot go into one,
     as 'variable=value: what is wrong; the fix'. Empty when all can."""
@@ -107,27 +134,7 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 "name a dedicated account such as vllm (lower case, up to 32)",
             )
         )
-    for variable in ("vllm_home", "vllm_venv"):
-        path = values.get(variable)
-        if not isinstance(path, str) or not _PATH.fullmatch(path):
-            errors.append(
-                _problem(
-                    variable,
-                    path,
-                    "is not an absolute path of plain characters",
-                    "use letters, digits and . _ - + / only",
-                )
-            )
-    name = values.get("vllm_served_name")
-    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
-        errors.append(
-            _problem(
-                "vllm_served_model_name",
-                name,
-                "is not a model name",
-                "use letters, digits and . _ : / - only",
-            )
-        )
+    errors += _paths_and_name(values, ("vllm_home", "vllm_venv"))
     dtype = values.get("vllm_service_dtype", "")
     if dtype not in DTYPES:
         errors.append(
@@ -164,26 +171,7 @@ def cluster_value_errors(values: Mapping[str, object]) -> list[str]:
                 "use up to 64 letters, digits and . _ - (first a letter or digit)",
             )
         )
-    served = values.get("vllm_served_name")
-    if not isinstance(served, str) or not _MODEL_NAME.fullmatch(served):
-        errors.append(
-            _problem(
-                "vllm_served_model_name",
-                served,
-                "is not a model name",
-                "use letters, digits and . _ : / - only",
-            )
-        )
-    home = values.get("vllm_home")
-    if not isinstance(home, str) or not _PATH.fullmatch(home):
-        errors.append(
-            _problem(
-                "vllm_home",
-                home,
-                "is not an absolute path of plain characters",
-                "use letters, digits and . _ - + / only",
-            )
-        )
+    errors += _paths_and_name(values, ("vllm_home",))
     return errors + address_errors({"cluster_address": values.get("cluster_address")})
 
 
