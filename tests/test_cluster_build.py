@@ -214,10 +214,12 @@ def test_the_role_finds_members_head_first_their_endpoints_and_each_hosts_server
         {"node": 0, "port": 50052, "cpus": [0, 1]},
         {"node": 1, "port": 50053, "cpus": [2, 3]},
     ]
-    worker = {"host": "w1", "rpc_servers": servers}
-    assert filters["socketwise_cluster_endpoints"](worker, hostvars) == [
+    worker = {"host": "w1", "role": "worker", "rpc_servers": servers}
+    plan = {"hosts": [{"host": "h", "role": "head", "rpc_servers": []}, worker]}
+    assert [r["endpoint"] for r in filters["socketwise_cluster_rpc"](plan, hostvars)] == [
         "10.0.0.2:50052", "10.0.0.2:50053"
     ]  # fmt: skip
+    assert filters["socketwise_cluster_rpc"](plan, hostvars)[1]["host"] == "w1"
     units = filters["socketwise_cluster_units"](worker, False)
     assert units == [{"unit": "socketwise-rpc-node0.service", "cpus": [0, 1]},
                      {"unit": "socketwise-rpc-node1.service", "cpus": [2, 3]}]  # fmt: skip

@@ -45,9 +45,8 @@ class Cluster:
     work: Path
     key: str
 
-    def deploy(self, members: list[str], *extra: str) -> PlaybookRun:
-        """deploy.yml on MEMBERS, which form cluster `a` headed by lab1 (other lab machines
-        are left out with --limit)."""
+    def inventory(self, members: list[str]) -> Path:
+        """The lab inventory with MEMBERS in cluster `a`, headed by lab1."""
         committed = REPO / "inventories" / "lab"
         inventory = self.work / "inventory"
         (inventory / "group_vars").mkdir(parents=True, exist_ok=True)
@@ -61,8 +60,13 @@ class Cluster:
             f"        socketwise_cluster_head: {HEAD}\n        socketwise_engine: llamacpp\n"
         )
         (inventory / "hosts.yml").write_text(hosts)
+        return inventory / "hosts.yml"
+
+    def deploy(self, members: list[str], *extra: str) -> PlaybookRun:
+        """deploy.yml on MEMBERS, which form cluster `a` (other lab machines are left out
+        with --limit)."""
         return run_playbook(
-            "deploy.yml", "-i", str(inventory / "hosts.yml"), "--limit", ",".join(members),
+            "deploy.yml", "-i", str(self.inventory(members)), "--limit", ",".join(members),
             *extra, env={"SOCKETWISE_ARTIFACTS": str(self.work / "artifacts")},
         )  # fmt: skip
 
@@ -106,10 +110,29 @@ class Cluster:
         return time.monotonic() - started
 
 
-def buffers_mib(summary: dict) -> dict[str, float]:
-    """{RPC endpoint: MiB of the model llama-server put there}, from its log of the start."""
+def buffers_mib(cluster: Cluster) -> dict[str, float]:
+    """{RPC endpoint: MiB of the model llama-server puts there}: the head's own command line
+    (its unit's ExecStart) run once by hand with the log level that shows it, while the unit
+    is stopped (an RPC server serves one client at a time), then the unit started again."""
+    lines = cluster.on(HEAD, f"cat /etc/systemd/system/{HEAD_UNIT}").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ExecStart="))
+    words = [lines[start].removeprefix("ExecStart=")]
+    while words[-1].endswith("\\"):
+        words[-1] = words[-1].removesuffix("\\")
+        start += 1
+        words.append(lines[start])
+    command = " ".join(words)
+    cluster.on(HEAD, f"systemctl stop {HEAD_UNIT}")
+    try:
+        log = cluster.on(
+            HEAD, f"timeout 10 {command} --port 18999 --log-verbosity 4 --log-colors off 2>&1 "
+            "| grep 'model buffer size' || true"
+        )  # fmt: skip
+    finally:
+        cluster.on(HEAD, f"systemctl start {HEAD_UNIT}")
+        cluster.wait_for("serving again", lambda: cluster.completion()[0] == 200)
     found = {}
-    for line in summary["buffers"]:
+    for line in log.splitlines():
         match = re.search(r"RPC\d+\[([^\]]+)\] model buffer size = +([\d.]+) MiB", line)
         if match:
             found[match.group(1)] = float(match.group(2))
@@ -164,7 +187,8 @@ def test_two_hosts_serve_one_model_through_the_front_door(cluster: Cluster, two_
     assert [(h["host"], h["layers"]["count"]) for h in plan["hosts"]] == [("lab1", 2), ("lab2", 2)]
     endpoint = f"{cluster.address('lab2').replace('127.0.', '127.1.')}:{RPC_PORT}"
     assert cluster.summary()["rpc"] == [endpoint]
-    assert list(buffers_mib(cluster.summary())) == [endpoint]
+    # The head holds a connection to the worker's RPC server (the deploy's own check).
+    assert cluster.summary()["connections"][endpoint]
     unit = cluster.on("lab1", f"cat /etc/systemd/system/{HEAD_UNIT}")
     assert f"--rpc {endpoint}" in unit and "--n-gpu-layers 3" in unit
 
@@ -217,7 +241,8 @@ def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
         ("lab1", 2), ("lab2", 1), ("lab3", 1)
     ]  # fmt: skip
     # One layer on each worker, the output layer with the last: neither holds both layers.
-    held = buffers_mib(summary)
+    assert all(summary["connections"][endpoint] for endpoint in summary["rpc"])
+    held = buffers_mib(cluster)
     assert list(held) == summary["rpc"] and len(held) == 2
     assert 1 < held[summary["rpc"][1]] / held[summary["rpc"][0]] < 2, held
     status, on_three = cluster.completion()
@@ -269,7 +294,7 @@ def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
     cluster: Cluster, two_hosts
 ):
     run_dir = cluster.work / "hosts-run"
-    inventory = cluster.work / "inventory" / "hosts.yml"  # the three-host cluster
+    inventory = cluster.inventory(["lab1", "lab2", "lab3"])
     done = subprocess.run(
         [str(BIN / "socketwise"), "sweep", "-i", str(inventory), "--hosts", "1,2,3",
          "--concurrencies", "1", "--step-seconds", "5", "--input-len", "64",
@@ -305,3 +330,14 @@ def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
     assert len(json.loads(restored.read_text())["plan"]["hosts"]) == 3
     assert cluster.completion()[0] == 200
     print(decided["summary"])
+
+
+def test_removing_the_cluster_stops_and_removes_every_server(cluster: Cluster, two_hosts):
+    members = ["lab1", "lab2", "lab3"]
+    done = cluster.deploy(members, "-e", "vllm_service_state=absent")
+    assert done.returncode == 0, done.output[-3000:]
+    for host in members:
+        assert cluster.on(host, "ls /etc/systemd/system | grep -c '^socketwise-' || true") == "0"
+        assert cluster.on(host, "ls /etc/socketwise 2>/dev/null || true") == ""
+    assert not frontdoor.answers(cluster.address(HEAD), PORT)
+    assert not frontdoor.answers(cluster.address("lab2").replace("127.0.", "127.1."), RPC_PORT)

@@ -23,11 +23,17 @@ def socketwise_cluster_members(hosts, hostvars, cluster, head):
     return ([head] if head in members else []) + [h for h in members if h != head]
 
 
-def socketwise_cluster_endpoints(entry, hostvars):
-    """A planned worker's RPC servers as HOST:PORT at its cluster address (the fact
+def socketwise_cluster_rpc(plan, hostvars):
+    """Every worker's RPC servers in the plan's device order (llama-server's --rpc), as
+    {"host", "port", "endpoint": "ADDRESS:PORT"} at each worker's cluster address (the fact
     socketwise_cluster_address its check published)."""
-    address = hostvars[entry["host"]]["socketwise_cluster_address"]
-    return [f"{address}:{server['port']}" for server in entry["rpc_servers"]]
+    return [
+        {"host": entry["host"], "port": server["port"],
+         "endpoint": f"{hostvars[entry['host']]['socketwise_cluster_address']}:{server['port']}"}
+        for entry in plan["hosts"]
+        if entry["role"] == "worker"
+        for server in entry["rpc_servers"]
+    ]  # fmt: skip
 
 
 RPC_UNIT = "socketwise-rpc-node{}.service"
@@ -63,7 +69,7 @@ class FilterModule:
     def filters(self):
         return {
             "socketwise_cluster_members": socketwise_cluster_members,
-            "socketwise_cluster_endpoints": socketwise_cluster_endpoints,
+            "socketwise_cluster_rpc": socketwise_cluster_rpc,
             "socketwise_cluster_plan": socketwise_cluster_plan,
             "socketwise_cluster_units": socketwise_cluster_units,
             "socketwise_cluster_value_errors": cluster_value_errors,
