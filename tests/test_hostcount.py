@@ -125,3 +125,16 @@ def test_sweep_hosts_refuses_a_count_the_cluster_has_not_before_deploying(tmp_pa
     assert done.returncode == 2
     assert "--hosts 1,5: cluster big has 3 hosts (head, w1, w2)" in done.stderr
     assert not Path(tmp_path / "run").exists()
+
+
+def test_sweep_hosts_refuses_a_missing_key_file_before_deploying(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(INVENTORY)
+    done = subprocess.run(
+        [str(BIN / "socketwise"), "sweep", "-i", str(inventory), "--hosts", "1",
+         "--api-key-file", str(tmp_path / "nokey"), "--run-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"{tmp_path / 'nokey'}: no such file (the front door's key)" in done.stderr
+    assert not Path(tmp_path / "run").exists()

@@ -469,6 +469,10 @@ def sweep_hosts(
     cluster = hostcount.cluster_of(inventory)
     counts = hostcount.counts_for(cluster, counts)
     key_file = api_key_file or hostcount.key_file_of(inventory, cluster["head"])
+    if key_file and not key_file.is_file():
+        raise hostcount.HostCountError(
+            f"{key_file}: no such file (the front door's key); give --api-key-file"
+        )
     key = key_file.read_text().strip() if key_file else ""
     run_dir.mkdir(parents=True, exist_ok=True)
     layouts = [hostcount.LAYOUT.format(n) for n in counts]
