@@ -3,6 +3,7 @@ of a step from llama.cpp's timings, and the report's series against the number o
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -138,3 +139,14 @@ def test_sweep_hosts_refuses_a_missing_key_file_before_deploying(tmp_path):
     assert done.returncode == 2
     assert f"{tmp_path / 'nokey'}: no such file (the front door's key)" in done.stderr
     assert not Path(tmp_path / "run").exists()
+
+
+def test_the_vocabulary_of_a_vllm_cluster_comes_from_its_checkpoint(tmp_path):
+    # vLLM's /v1/models says nothing of the vocabulary; the prompts' token ids must stay
+    # inside it, so the sweep reads the checkpoint the cluster was deployed from.
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 612}))
+    model = {"path": str(tmp_path), "layers": 4, "gb": 0.01}
+    assert hostcount.vocabulary("http://127.0.0.1:9/v1", "", model) == 612
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(hostcount.HostCountError, match="config.json gives no vocab_size"):
+        hostcount.vocabulary("http://127.0.0.1:9/v1", "", model)

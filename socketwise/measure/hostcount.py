@@ -5,16 +5,18 @@ and token generation did not. This measures exactly that on any llama.cpp cluste
 inventory (hosts sharing a `socketwise_cluster`, README "Clusters"): for each count N it
 deploys the cluster on its head and the first N-1 workers (deploy.yml with --limit, so
 the plan splits the layers over those N), then drives its front door closed loop at
-each concurrency of the profile from the controller, and records per request
-llama.cpp's own timings (`prompt_n`/`prompt_ms`: prefill, `predicted_n`/`predicted_ms`:
-decode) beside the client's wall clock. At the end the whole cluster is deployed again.
+each concurrency of the profile from the controller. Per request it records prefill and
+decode: on llama.cpp its own timings (`prompt_n`/`prompt_ms`, `predicted_n`/
+`predicted_ms`); on vLLM, which reports none, the streamed answer's clock (the first
+token's arrival ends prefill, the last ends decode) with the usage vLLM counts. At the
+end the whole cluster is deployed again.
 
 Rows go into the run directory's summary.csv as layouts `pp1`, `pp2`, ... (so the usual
 report compares them) and into cluster.csv (rundir.CLUSTER), the series the report
-shows against the number of hosts. The load is stdlib HTTP, non-streaming
-/v1/completions with random token prompts of the profile's length and `ignore_eos`, so
-every request generates exactly the profile's output length: TTFT is the request's time
-less llama.cpp's own generation time.
+shows against the number of hosts. The load is stdlib HTTP /v1/completions
+(streamed on vLLM) with random token prompts of the profile's length and `ignore_eos`,
+so every request generates exactly the profile's output length: TTFT is the request's
+time less its generation time.
 """
 
 from __future__ import annotations
@@ -114,8 +116,15 @@ def counts_for(cluster: dict, counts: list[int]) -> list[int]:
     return sorted(set(counts))
 
 
-def vocabulary(endpoint: str, key: str) -> int:
-    """The served model's vocabulary size, from llama-server's /v1/models."""
+def vocabulary(endpoint: str, key: str, model: dict | None = None) -> int:
+    """The served model's vocabulary size: the checkpoint's config on the controller when
+    MODEL (cluster-summary.json's) has one (vLLM), else llama-server's /v1/models."""
+    config = Path((model or {}).get("path", "")) / "config.json"
+    if (model or {}).get("path") and config.is_file():
+        try:
+            return int(json.loads(config.read_text())["vocab_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HostCountError(f"{config} gives no vocab_size ({exc!r})") from exc
     parts = urlsplit(endpoint)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     try:
@@ -131,26 +140,46 @@ def vocabulary(endpoint: str, key: str) -> int:
         raise HostCountError(f"{endpoint}/models gives no vocabulary size ({exc!r})") from exc
 
 
-def _request(endpoint: str, key: str, body: dict) -> dict:
-    """One completion: {status, seconds} and llama.cpp's timings when it answered."""
+def _request(endpoint: str, key: str, body: dict, stream: bool = False) -> dict:
+    """One completion: {status, seconds} and, when it answered, its prefill and decode
+    (`prompt_n`, `prompt_ms`, `predicted_n`, `predicted_ms`): llama.cpp's own timings, or
+    with STREAM the streamed answer's clock and usage."""
     parts = urlsplit(endpoint)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    if stream:
+        body = body | {"stream": True, "stream_options": {"include_usage": True}}
     started = time.monotonic()
+    first, usage, timings = None, {}, {}
     try:
         connection.request("POST", parts.path + "/completions", json.dumps(body), headers)
         response = connection.getresponse()
-        answer = response.read()
         status = response.status
-    except (OSError, http.client.HTTPException):
-        status, answer = 0, b""
+        if status == 200 and stream:
+            for line in iter(response.readline, b""):
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if first is None and any(c.get("text") for c in chunk.get("choices") or []):
+                    first = time.monotonic()
+                usage = chunk.get("usage") or usage
+        elif status == 200:
+            timings = json.loads(response.read()).get("timings", {})
+        else:
+            response.read()
+    except (OSError, http.client.HTTPException, ValueError):
+        status = 0
     finally:
         connection.close()
-    result = {"status": status, "seconds": time.monotonic() - started}
+    ended = time.monotonic()
+    result = {"status": status, "seconds": ended - started}
+    if status == 200 and stream and first is not None and usage:
+        timings = {"prompt_n": usage.get("prompt_tokens"), "prompt_ms": 1000 * (first - started),
+                   "predicted_n": usage.get("completion_tokens"),
+                   "predicted_ms": 1000 * (ended - first)}  # fmt: skip
     if status == 200:
-        timings = json.loads(answer).get("timings", {})
         result.update(
             {k: timings.get(k) for k in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms")}
         )
@@ -161,9 +190,10 @@ class Load:
     """Closed loop: `concurrency` clients, each sending its next request when the last
     answered, for `seconds` (at least one request each)."""
 
-    def __init__(self, endpoint: str, key: str, model: str, vocab: int, profile, seed: int):
+    def __init__(self, endpoint: str, key: str, model: str, vocab: int, profile, seed: int,
+                 stream: bool = False):  # fmt: skip
         self.endpoint, self.key, self.model, self.vocab = endpoint, key, model, vocab
-        self.profile, self.random = profile, random.Random(seed)
+        self.profile, self.random, self.stream = profile, random.Random(seed), stream
         self.lock = threading.Lock()
 
     def body(self) -> dict:
@@ -174,7 +204,7 @@ class Load:
 
     def warm_up(self) -> None:
         for _ in range(WARMUP_REQUESTS):
-            _request(self.endpoint, self.key, self.body())
+            _request(self.endpoint, self.key, self.body(), self.stream)
 
     def run(self, concurrency: int, seconds: float) -> tuple[list[dict], float]:
         results: list[dict] = []
@@ -182,7 +212,7 @@ class Load:
 
         def client() -> None:
             while True:
-                done = _request(self.endpoint, self.key, self.body())
+                done = _request(self.endpoint, self.key, self.body(), self.stream)
                 with self.lock:
                     results.append(done)
                 if time.monotonic() > deadline:
@@ -240,14 +270,15 @@ def _round(value: float | None) -> float | None:
 
 def measure(deploy, endpoint_of, cluster: dict, counts: list[int], profile, say) -> tuple:
     """For each count: deploy (deploy(limit)), then every concurrency of the profile.
-    endpoint_of() gives (endpoint URL, key, served name, vocabulary size) after a deploy."""
+    endpoint_of() gives (endpoint URL, key, served name, vocabulary size, stream) after a
+    deploy (stream: time the streamed answer, for an engine that reports no timings)."""
     summary, series = [], []
     for hosts in counts:
         members = cluster["members"][:hosts]
         say(f"{LAYOUT.format(hosts)}: deploying on {', '.join(members)}")
         deploy(",".join(members), LAYOUT.format(hosts))
-        endpoint, key, model, vocab = endpoint_of(LAYOUT.format(hosts))
-        load = Load(endpoint, key, model, vocab, profile, profile.seed)
+        endpoint, key, model, vocab, stream = endpoint_of(LAYOUT.format(hosts))
+        load = Load(endpoint, key, model, vocab, profile, profile.seed, stream)
         load.warm_up()
         for repetition in range(profile.repetitions):
             for concurrency in profile.concurrencies:

@@ -484,11 +484,12 @@ def sweep_hosts(
         "mode": "hosts",
         "profile": asdict(profile),
         "cluster": cluster | {"counts": counts},
-        "load_generator": "socketwise's closed-loop client on the controller (non-streaming "
-        "/v1/completions, random token prompts of input_len, ignore_eos)",
+        "load_generator": "socketwise's closed-loop client on the controller (/v1/completions, "
+        "streamed on vLLM, random token prompts of input_len, ignore_eos)",
         "load_shape": {"concurrency": "closed loop: that many requests in flight"},
         "measured_boundary": "HTTP client on the controller to the cluster's front door on its "
-        "head; prefill and decode rates are llama.cpp's own timings of each request",
+        "head; prefill and decode rates are llama.cpp's own timings of each request, on vLLM "
+        "the streamed answer's first and last token as the client sees them",
         "warm_up": f"deploy.yml's readiness completion, then {hostcount.WARMUP_REQUESTS} "
         "unmeasured requests after every deploy",
         "hosts": {},
@@ -501,7 +502,7 @@ def sweep_hosts(
     def deploy(limit: str, layout: str) -> None:
         _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / layout, limit=limit)
 
-    def endpoint_of(layout: str) -> tuple[str, str, str, int]:
+    def endpoint_of(layout: str) -> tuple[str, str, str, int, bool]:
         deployed = json.loads(
             (run_dir / "artifacts" / layout / cluster["head"] / "cluster-summary.json").read_text()
         )
@@ -509,8 +510,9 @@ def sweep_hosts(
         entry.update(model=deployed["model"], served_model_name=deployed["served_name"],
                      build=deployed["build"])  # fmt: skip
         entry.setdefault("layouts", {})[layout] = deployed["plan"]
-        return (deployed["endpoint"], key, deployed["served_name"],
-                hostcount.vocabulary(deployed["endpoint"], key))  # fmt: skip
+        vocab = hostcount.vocabulary(deployed["endpoint"], key, deployed["model"])
+        return (deployed["endpoint"], key, deployed["served_name"], vocab,
+                deployed["engine"] == "vllm")  # fmt: skip
 
     summary, series = hostcount.measure(deploy, endpoint_of, cluster, counts, profile, say)
     if restore:
