@@ -36,15 +36,27 @@ def socketwise_cluster_rpc(plan, hostvars):
     ]  # fmt: skip
 
 
+def socketwise_cluster_follower_link(host, master, port):
+    """A vLLM follower's link to the head's rendezvous MASTER (ADDRESS:PORT), as a socket
+    to read on HOST: {"host", "side": "dport", "port", "endpoint"}."""
+    return {"host": host, "side": "dport", "port": port, "endpoint": f"{host} -> {master}"}
+
+
 RPC_UNIT = "socketwise-rpc-node{}.service"
 HEAD_UNIT = "socketwise-llamacpp.service"
+STAGE_UNIT = "socketwise-pp-vllm.service"
 
 
-def socketwise_cluster_units(entry, head):
-    """This host's servers as {"unit", "cpus"}: one RPC server per planned node, and the
-    head's llama-server on its stage's CPUs (HEAD: this host is the head)."""
+def socketwise_cluster_units(entry, head, engine="llamacpp"):
+    """This host's servers as {"unit", "cpus"} (and, for a vLLM stage, "ranks": the CPUs of
+    each of its workers): the vllm engine runs one stage per host; llamacpp one RPC server
+    per planned node, and on the head (HEAD) llama-server on its stage's CPUs."""
     if not entry:
         return []
+    if engine == "vllm":
+        stage = entry["stage"]
+        ranks = [rank["cpus"] for rank in stage["ranks"]]
+        return [{"unit": STAGE_UNIT, "cpus": stage["cpus_allowed"], "ranks": ranks}]
     units = [{"unit": RPC_UNIT.format(s["node"]), "cpus": s["cpus"]} for s in entry["rpc_servers"]]
     if head:
         units.append({"unit": HEAD_UNIT, "cpus": entry["stage"]["cpus_allowed"]})
@@ -69,6 +81,7 @@ class FilterModule:
     def filters(self):
         return {
             "socketwise_cluster_members": socketwise_cluster_members,
+            "socketwise_cluster_follower_link": socketwise_cluster_follower_link,
             "socketwise_cluster_rpc": socketwise_cluster_rpc,
             "socketwise_cluster_plan": socketwise_cluster_plan,
             "socketwise_cluster_units": socketwise_cluster_units,

@@ -1,6 +1,7 @@
 #!/usr/bin/python
 """Ansible door into socketwise.serve.verify for units planned on a fixed CPU set: the
-CPUs a llama.cpp server's processes and threads really run on, and its argv."""
+CPUs a llama.cpp server's or a vLLM stage's processes and threads really run on, and
+its argv."""
 
 DOCUMENTATION = r"""
 ---
@@ -9,12 +10,16 @@ short_description: Compare the CPUs each given unit's processes run on with its 
 description:
   - For each unit, walks the process tree of its main PID and reads
     C(Cpus_allowed_list) of every process and thread from C(/proc).
-  - Every process and thread must be allowed exactly the unit's planned CPUs.
+  - Every process and thread must be allowed exactly the unit's planned CPUs; with
+    C(ranks) (a vLLM stage), each worker's threads exactly its rank's CPUs and no process
+    any CPU outside C(cpus).
   - Also returns each main process's argv (the planned thread count is an argument).
   - Read-only; the same answer in check mode.
 options:
   units:
-    description: One entry per unit, C(unit) (its name) and C(cpus) (the planned CPUs).
+    description: >-
+      One entry per unit, C(unit) (its name) and C(cpus) (the planned CPUs), and for a vLLM
+      stage C(ranks) (the CPUs of each of its workers).
     type: list
     elements: dict
     required: true
@@ -41,7 +46,12 @@ problems:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise.serve.verify import check_pinned, describe, process_tree
+from ansible.module_utils.socketwise.serve.verify import (
+    check_instance,
+    check_pinned,
+    describe,
+    process_tree,
+)
 
 
 def main():
@@ -64,7 +74,12 @@ def main():
                 argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
         except OSError:
             argv = []
-        problems += check_pinned(unit, processes, entry["cpus"])
+        if entry.get("ranks"):
+            planned = {"name": unit, "cpus_allowed": entry["cpus"],
+                       "ranks": [{"cpus": cpus} for cpus in entry["ranks"]]}  # fmt: skip
+            problems += check_instance(planned, processes)
+        else:
+            problems += check_pinned(unit, processes, entry["cpus"])
         report.append({"unit": unit, "main_pid": main_pid, "argv": argv, "processes": processes})
     module.exit_json(changed=False, units=report, problems=problems)
 
