@@ -4,9 +4,14 @@ role calls, and the checks of its values and placement."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
+import os
+import socket
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -228,6 +233,15 @@ def test_the_role_finds_members_head_first_their_endpoints_and_each_hosts_server
         {"unit": "socketwise-llamacpp.service", "cpus": [4, 5]}
     ]
     assert filters["socketwise_cluster_units"](None, False) == []
+    # vLLM: one stage per host, its workers checked against their ranks' CPUs.
+    stage = {"cpus_allowed": [0, 1, 2, 3], "ranks": [{"node": 0, "cpus": [0, 1]},
+                                                    {"node": 1, "cpus": [2, 3]}]}  # fmt: skip
+    assert filters["socketwise_cluster_units"]({"stage": stage}, False, "vllm") == [
+        {"unit": "socketwise-pp-vllm.service", "cpus": [0, 1, 2, 3], "ranks": [[0, 1], [2, 3]]}
+    ]
+    assert filters["socketwise_cluster_follower_link"]("w1", "10.0.0.1:29501", 29501) == {
+        "host": "w1", "side": "dport", "port": 29501, "endpoint": "w1 -> 10.0.0.1:29501"
+    }  # fmt: skip
     refused = filters["socketwise_cluster_plan"](
         ["h"], {"h": {"socketwise_topology": {}}}, model_gb=1, layers=0, engine="llamacpp"
     )
@@ -256,3 +270,39 @@ def test_a_server_off_its_planned_cpus_is_named():
     (problem,) = check_pinned("rpc", [on_plan | {"thread_cpus": [0, 1, 2]}], [0, 1])
     assert "runs on CPUs [0, 1, 2], planned [0, 1]" in problem
     assert check_pinned("rpc", [], [0, 1]) == ["rpc: no process runs"]
+
+
+def _rank_program():
+    path = REPO / "roles" / "cluster" / "files" / "socketwise-vllm-rank"
+    loader = importlib.machinery.SourceFileLoader("socketwise_vllm_rank", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_a_stage_sees_the_links_its_processes_hold_and_loses_them_when_they_close():
+    rank = _rank_program()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        # A child process (as vLLM's workers are) holds the connection to "the store".
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import socket, sys, time; "
+             f"s = socket.create_connection(('127.0.0.1', {port})); print('up', flush=True); "
+             "sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert child.stdout.readline() == "up\n"
+            accepted, _ = listener.accept()
+            mine = rank.descendants(os.getpid())
+            assert child.pid in mine
+            held = rank.established(mine)
+            assert any(remote == port for _, remote in held)  # the follower's side
+            assert any(local == port for local, _ in held)  # the head's side
+        finally:
+            child.communicate("")
+        accepted.close()
+        held = rank.established(rank.descendants(os.getpid()))
+        assert not any(port in pair for pair in held)

@@ -12,102 +12,21 @@ worker and comes back with it. Bad cluster input stops before any host changes.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
 
 from . import frontdoor
-from .labs import fresh_lab, run_on
-from .playbooks import BIN, REPO, PlaybookRun, run_playbook
+from .clusters import API_PORT, GREEDY, HEAD, HEAD_UNIT, PORT, RPC_PORT, RPC_UNIT, Cluster
+from .labs import fresh_lab
+from .playbooks import BIN, REPO, PlaybookRun
 
 pytestmark = pytest.mark.lab
-
-HEAD, PORT, API_PORT, RPC_PORT = "lab1", 8000, 8001, 50052
-HEAD_UNIT, LB_UNIT = "socketwise-llamacpp.service", "socketwise-cluster-lb.service"
-RPC_UNIT = "socketwise-rpc-node0.service"
-GREEDY = {"model": "tiny-llama", "prompt": "socketwise says hello", "max_tokens": 12,
-          "temperature": 0}  # fmt: skip
-
-
-@dataclass
-class Cluster:
-    machines: dict[str, lab.Machine]
-    work: Path
-    key: str
-
-    def inventory(self, members: list[str]) -> Path:
-        """The lab inventory with MEMBERS in cluster `a`, headed by lab1."""
-        committed = REPO / "inventories" / "lab"
-        inventory = self.work / "inventory"
-        (inventory / "group_vars").mkdir(parents=True, exist_ok=True)
-        (inventory / "group_vars" / "lab.yml").write_text(
-            (committed / "group_vars" / "lab.yml").read_text()
-        )
-        hosts = (committed / "hosts.yml").read_text() + (
-            "    cluster_a:\n      hosts:\n"
-            + "".join(f"        {name}:\n" for name in members)
-            + "      vars:\n        socketwise_cluster: a\n"
-            f"        socketwise_cluster_head: {HEAD}\n        socketwise_engine: llamacpp\n"
-        )
-        (inventory / "hosts.yml").write_text(hosts)
-        return inventory / "hosts.yml"
-
-    def deploy(self, members: list[str], *extra: str) -> PlaybookRun:
-        """deploy.yml on MEMBERS, which form cluster `a` (other lab machines are left out
-        with --limit)."""
-        return run_playbook(
-            "deploy.yml", "-i", str(self.inventory(members)), "--limit", ",".join(members),
-            *extra, env={"SOCKETWISE_ARTIFACTS": str(self.work / "artifacts")},
-        )  # fmt: skip
-
-    def on(self, host: str, command: str) -> str:
-        return run_on(self.machines[host], command)
-
-    def summary(self) -> dict:
-        return json.loads((self.work / "artifacts" / HEAD / "cluster-summary.json").read_text())
-
-    def address(self, host: str) -> str:
-        return self.machines[host].address
-
-    def completion(self, body: dict | None = None) -> tuple[int, dict]:
-        """(status, answer) of one completion through the front door; 0 when it broke off."""
-        try:
-            status, raw = frontdoor.call(
-                self.address(HEAD), PORT, "/v1/completions", self.key, body or GREEDY
-            )
-        except (OSError, http.client.HTTPException) as exc:
-            return 0, {"error": str(exc)}
-        return status, (json.loads(raw) if status == 200 else {"raw": raw[:200]})
-
-    def door_status(self) -> str:
-        """The front door's own view of the head (its runtime API): UP, DOWN, ..."""
-        reader = (
-            "import socket; s = socket.socket(socket.AF_UNIX); "
-            "s.connect('/run/socketwise-cluster-lb/admin.sock'); s.sendall(b'show stat\\n'); "
-            "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())"
-        )
-        lines = self.on(HEAD, f'python3 -c "{reader}"').splitlines()
-        header = lines[0].lstrip("# ").split(",")
-        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
-        return next(r["status"] for r in rows if r["pxname"] == "cluster" and r["svname"] == "head")
-
-    def wait_for(self, what: str, check, timeout: float = 90) -> float:
-        """Seconds until check() is true; fails with WHAT after TIMEOUT."""
-        started = time.monotonic()
-        while not check():
-            assert time.monotonic() - started < timeout, f"not within {timeout} s: {what}"
-            time.sleep(1)
-        return time.monotonic() - started
 
 
 def buffers_mib(cluster: Cluster) -> dict[str, float]:

@@ -8,13 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
+from ansible.plugins.filter.core import comment
 
 from socketwise.facts.topology import detect
 from socketwise.plan.cluster import ClusterRequest, plan_cluster, plan_hosts
 from socketwise.plan.planner import PlanError
+from socketwise.serve.unitvalues import quote
 
 from .machines import build_machine
+from .playbooks import REPO
 
 
 @pytest.fixture
@@ -175,3 +179,56 @@ def test_cli_plans_a_cluster_from_one_topology_file_per_host(hosts, tmp_path):
     bad.write_text("{}")
     refused = socketwise("plan", *files, "--topology", str(bad), "--model-layers", "61")
     assert refused.returncode == 2 and f"{bad}: malformed topology" in refused.stderr
+
+
+def _stage_unit(plan: dict, host: str, **values) -> str:
+    """templates/vllm-pp.service.j2 as the cluster role renders it on HOST."""
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(REPO / "templates"), keep_trailing_newline=True,
+        trim_blocks=True,
+    )  # fmt: skip
+    environment.filters.update(comment=comment, systemd_quote=quote)
+    me = next(entry for entry in plan["hosts"] if entry["host"] == host)
+    addresses = {entry["host"]: f"10.0.0.{entry['rank'] + 1}" for entry in plan["hosts"]}
+    variables = {
+        "ansible_managed": "Ansible managed", "socketwise_cluster": "r1",
+        "socketwise_cluster_plan": plan, "socketwise_build": plan["build"],
+        "socketwise_cluster_address": addresses[host], "__cluster_me": me,
+        "__cluster_is_head": me["rank"] == 0, "__cluster_api_port": 8001,
+        "__cluster_master": f"10.0.0.1:{plan['engine_settings']['master_port']}",
+        "__cluster_master_address": "10.0.0.1", "__cluster_plan_id": "0123456789ab",
+        "__cluster_member_addresses": list(addresses.values()),
+        "__cluster_dir": "/etc/socketwise/cluster", "vllm_user": "vllm",
+        "vllm_home": "/opt/socketwise", "vllm_venv": "/opt/socketwise/venvs/abc",
+        "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
+        "vllm_service_dtype": "", "vllm_service_environment": {},
+        "vllm_service_extra_args": [], "vllm_service_max_model_len": None,
+        "vllm_service_backend_address": "127.0.0.1",
+    }  # fmt: skip
+    return environment.get_template("vllm-pp.service.j2").render(variables | values)
+
+
+def test_each_stage_unit_carries_its_rank_split_and_placement_and_passes_systemd(hosts, tmp_path):
+    plan = plan_cluster(hosts("r730", "r730"), ClusterRequest(model_gb=150, layers=32))
+    hostile = '50% of $HOME "quoted"'
+    for host, role in (("r730-1", "head"), ("r730-2", "follower")):
+        text = _stage_unit(plan, host, vllm_service_extra_args=["--note", hostile])
+        unit = tmp_path / "socketwise-pp-vllm.service"
+        unit.write_text(text)
+        done = subprocess.run(
+            ["systemd-analyze", "verify", f"{unit}:socketwise-pp-vllm.service"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        # The venv does not exist on the controller; nothing else may be wrong.
+        assert [line for line in done.stderr.splitlines()
+                if line.strip() and "/opt/socketwise/venvs/abc" not in line] == []  # fmt: skip
+        entry = next(e for e in plan["hosts"] if e["host"] == host)
+        assert f"--role {role} \\" in text and "--plan-id 0123456789ab" in text
+        assert f"--node-rank {entry['rank']} \\" in text
+        assert "VLLM_PP_LAYER_PARTITION=16,16" in text and "--tensor-parallel-size 2" in text
+        assert f"CPUAffinity={' '.join(map(str, entry['stage']['cpus_allowed']))}" in text
+        assert "IPAddressDeny=any\nIPAddressAllow=localhost 10.0.0.1 10.0.0.2" in text
+        # The model path and every argument reach vLLM as single words.
+        assert '--model "/opt/socketwise/models/tiny llama 50%%" \\' in text
+        assert (role == "head") == ("EnvironmentFile=/etc/socketwise/cluster/vllm.env" in text)
+        assert (role == "follower") == ("--headless" in text)
