@@ -7,13 +7,16 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from socketwise.lab import machines as lab
+from socketwise.lab.common import api_key_path
 
 from . import frontdoor
-from .labs import run_on
+from .labs import fresh_lab, run_on
 from .playbooks import REPO, PlaybookRun, run_playbook
 
 HEAD, PORT, API_PORT, RPC_PORT = "lab1", 8000, 8001, 50052
@@ -57,6 +60,12 @@ class Cluster:
             *extra, env={"SOCKETWISE_ARTIFACTS": str(self.work / "artifacts")},
         )  # fmt: skip
 
+    def deployed(self, members: list[str]) -> PlaybookRun:
+        """deploy.yml on MEMBERS, which must succeed."""
+        done = self.deploy(members)
+        assert done.returncode == 0, done.output[-4000:]
+        return done
+
     def on(self, host: str, command: str) -> str:
         return run_on(self.machines[host], command)
 
@@ -95,3 +104,15 @@ class Cluster:
             assert time.monotonic() - started < timeout, f"not within {timeout} s: {what}"
             time.sleep(1)
         return time.monotonic() - started
+
+
+@contextmanager
+def lab_cluster(tmp_path_factory, **options) -> Iterator[Cluster]:
+    """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars)."""
+    with fresh_lab(machines=3) as machines:
+        yield Cluster(
+            {m.name: m for m in machines},
+            tmp_path_factory.mktemp("cluster"),
+            api_key_path().read_text().strip(),
+            **options,
+        )

@@ -19,11 +19,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from socketwise.lab.common import api_key_path
-
 from . import frontdoor
-from .clusters import API_PORT, GREEDY, HEAD, HEAD_UNIT, PORT, RPC_PORT, RPC_UNIT, Cluster
-from .labs import fresh_lab
+from .clusters import (
+    API_PORT,
+    GREEDY,
+    HEAD,
+    HEAD_UNIT,
+    PORT,
+    RPC_PORT,
+    RPC_UNIT,
+    Cluster,
+    lab_cluster,
+)
 from .playbooks import BIN, REPO, PlaybookRun
 
 pytestmark = pytest.mark.lab
@@ -60,19 +67,13 @@ def buffers_mib(cluster: Cluster) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    with fresh_lab(machines=3) as machines:
-        yield Cluster(
-            {m.name: m for m in machines},
-            tmp_path_factory.mktemp("cluster"),
-            api_key_path().read_text().strip(),
-        )
+    with lab_cluster(tmp_path_factory) as built:
+        yield built
 
 
 @pytest.fixture(scope="module")
 def two_hosts(cluster: Cluster) -> PlaybookRun:
-    done = cluster.deploy(["lab1", "lab2"])
-    assert done.returncode == 0, done.output[-4000:]
-    return done
+    return cluster.deployed(["lab1", "lab2"])
 
 
 def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
@@ -153,8 +154,7 @@ def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_host
 
 def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
     _, on_two = cluster.completion()
-    done = cluster.deploy(["lab1", "lab2", "lab3"])
-    assert done.returncode == 0, done.output[-4000:]
+    cluster.deployed(["lab1", "lab2", "lab3"])
     summary = cluster.summary()
     assert [(h["host"], h["layers"]["count"]) for h in summary["plan"]["hosts"]] == [
         ("lab1", 2), ("lab2", 1), ("lab3", 1)

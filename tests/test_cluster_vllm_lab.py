@@ -18,13 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from socketwise.lab.common import api_key_path
 from socketwise.measure import hostcount
 from socketwise.measure.sweep import Profile
 
 from . import frontdoor
-from .clusters import API_PORT, GREEDY, HEAD, PORT, Cluster
-from .labs import fresh_lab
+from .clusters import API_PORT, GREEDY, HEAD, PORT, Cluster, lab_cluster
 from .playbooks import PlaybookRun
 
 pytestmark = pytest.mark.lab
@@ -49,23 +47,15 @@ def stage_pids(cluster: Cluster, host: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    with fresh_lab(machines=3) as machines:
-        yield Cluster(
-            {m.name: m for m in machines},
-            tmp_path_factory.mktemp("vllm-cluster"),
-            api_key_path().read_text().strip(),
-            engine="vllm",
-            # float32: the tiny model's random logits are close, and bf16 rounds a 2,1,1
-            # split differently from a 2,2 one (a greedy answer then changes at token 3).
-            extra_vars=FLOAT32,
-        )
+    # float32: the tiny model's random logits are close, and bf16 rounds a 2,1,1 split
+    # differently from a 2,2 one (a greedy answer then changes at its third token).
+    with lab_cluster(tmp_path_factory, engine="vllm", extra_vars=FLOAT32) as built:
+        yield built
 
 
 @pytest.fixture(scope="module")
 def two_hosts(cluster: Cluster) -> PlaybookRun:
-    done = cluster.deploy(["lab1", "lab2"])
-    assert done.returncode == 0, done.output[-4000:]
-    return done
+    return cluster.deployed(["lab1", "lab2"])
 
 
 def test_the_image_method_is_refused_before_any_host_changes(cluster: Cluster):
@@ -146,8 +136,7 @@ def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_host
 
 def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
     _, on_two = cluster.completion()
-    done = cluster.deploy(["lab1", "lab2", "lab3"])
-    assert done.returncode == 0, done.output[-4000:]
+    cluster.deployed(["lab1", "lab2", "lab3"])
     summary = cluster.summary()
     assert [(h["host"], h["layers"]["count"]) for h in summary["plan"]["hosts"]] == [
         ("lab1", 2), ("lab2", 1), ("lab3", 1)
