@@ -85,8 +85,11 @@ def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
          "socketwise_cluster_head=lab9: cluster a has no such host"),
         ([*alone, "-e", "cluster_address=8.8.8.8"],
          "cluster_address='8.8.8.8': is not allowed here"),
-        ([*alone, "-e", "socketwise_engine=vllm"],
-         "socketwise_engine=vllm: vLLM pipeline parallel"),
+        ([*alone, "-e", "socketwise_engine=sglang"],
+         "socketwise_engine=sglang: not an engine; set socketwise_engine to vllm"),
+        ([*alone, "-e", json.dumps({"socketwise_engine": "vllm",
+                                    "vllm_service_extra_args": ["--enforce-eager"]})],
+         "--enforce-eager breaks vLLM's pipeline parallel on CPU"),
         ([*alone, "-e", "cluster_rpc_port=70000"],
          "cluster_rpc_port=70000: rpc port 70000 is not in"),
     ]  # fmt: skip
