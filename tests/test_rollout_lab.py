@@ -13,6 +13,7 @@ of 60 s (torch compile), which the rollout's logic does not depend on.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -41,8 +42,10 @@ VLLM_UNIT = "socketwise-vllm-sn.service"
 REPLICAS = ("vllm-dp0", "vllm-dp1")
 # The benchmark gate's tolerance in the canary stage. The lab's hosts share two cores,
 # and each run of the load tool spends seconds importing vLLM on them, so the gate is
-# proven without that load, against a release several times slower.
-GATE_TOLERANCE = 0.5
+# proven without that load, against a release that serves one request at a time (on
+# 2026-11-25 it gave 0.56 of the previous release's output, which a tolerance of 0.5 let
+# through).
+GATE_TOLERANCE = 0.25
 FLEET_PORT = 8000
 # A rate a fleet missing one host carries on the lab's two cores, in runs of the tool that
 # overlap by more than its start-up.
@@ -322,7 +325,8 @@ def test_a_host_with_two_replicas_restarts_them_one_at_a_time(fleet, rolled):
     first_started, second_started = (
         fleet.started_at("lab3", f"socketwise-{name}.service") for name in REPLICAS
     )
-    assert first["left"] <= first_started < first["back"] <= second_started, restarts
+    # (systemd's record has whole seconds: a start in the second the replica left counts.)
+    assert math.floor(first["left"]) <= first_started < first["back"] <= second_started, restarts
 
 
 def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, rolled):
