@@ -29,7 +29,13 @@ pytestmark = pytest.mark.lab
 
 STAGE_UNIT = "socketwise-pp-vllm.service"
 MASTER_PORT = 29501
-FLOAT32 = "        vllm_service_dtype: float32\n"
+# float32: the tiny model's random logits are close, and bf16 rounds a 2,1,1 split
+# differently from a 2,2 one (a greedy answer then changes at its third token). Torch
+# compiles with its eager backend: the compile warm-up that pipeline parallel needs on
+# CPU runs, without inductor's code generation (45 s instead of 65 s to serve three
+# stages on the controller); the tests are about the kit, not vLLM's kernels.
+COMPILE = json.dumps(["--compilation-config", json.dumps({"mode": 1, "backend": "eager"})])
+LAB_VARS = f"        vllm_service_dtype: float32\n        vllm_service_extra_args: {COMPILE}\n"
 
 
 def show(cluster: Cluster, host: str, prop: str) -> str:
@@ -47,9 +53,7 @@ def stage_pids(cluster: Cluster, host: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    # float32: the tiny model's random logits are close, and bf16 rounds a 2,1,1 split
-    # differently from a 2,2 one (a greedy answer then changes at its third token).
-    with lab_cluster(tmp_path_factory, engine="vllm", extra_vars=FLOAT32) as built:
+    with lab_cluster(tmp_path_factory, engine="vllm", extra_vars=LAB_VARS) as built:
         yield built
 
 
@@ -59,11 +63,11 @@ def two_hosts(cluster: Cluster) -> PlaybookRun:
 
 
 def test_the_image_method_is_refused_before_any_host_changes(cluster: Cluster):
-    cluster.extra_vars = FLOAT32 + "        vllm_install_method: image\n"
+    cluster.extra_vars = LAB_VARS + "        vllm_install_method: image\n"
     try:
         done = cluster.deploy(["lab1", "lab2"])
     finally:
-        cluster.extra_vars = FLOAT32
+        cluster.extra_vars = LAB_VARS
     assert done.returncode != 0
     assert "lab1: vllm_install_method=image: a cluster runs vLLM from the venv; set " \
         "vllm_install_method to venv" in done.output  # fmt: skip
