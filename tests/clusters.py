@@ -75,6 +75,19 @@ class Cluster:
     def address(self, host: str) -> str:
         return self.machines[host].address
 
+    def cluster_address(self, host: str) -> str:
+        """HOST's address on the cluster's network (the lab's backend address, 127.1.0.N)."""
+        return self.address(host).replace("127.0.", "127.1.")
+
+    def removed(self, members: list[str]) -> None:
+        """deploy.yml with vllm_service_state=absent on MEMBERS: it succeeds, no socketwise
+        unit is left on any of them, and the head's front door is gone."""
+        done = self.deploy(members, "-e", "vllm_service_state=absent")
+        assert done.returncode == 0, done.output[-3000:]
+        for host in members:
+            assert self.on(host, "ls /etc/systemd/system | grep -c '^socketwise-' || true") == "0"
+        assert not frontdoor.answers(self.address(HEAD), PORT)
+
     def completion(self, body: dict | None = None) -> tuple[int, dict]:
         """(status, answer) of one completion through the front door; 0 when it broke off."""
         try:

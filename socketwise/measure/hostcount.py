@@ -1,7 +1,7 @@
 """`socketwise sweep --hosts 1,2,3`: one cluster measured at each number of hosts.
 
 The field notes' cluster study found that prompt processing got faster with more nodes
-and token generation did not. This measures exactly that on any llama.cpp cluster of the
+and token generation did not. This measures exactly that on any cluster of the
 inventory (hosts sharing a `socketwise_cluster`, README "Clusters"): for each count N it
 deploys the cluster on its head and the first N-1 workers (deploy.yml with --limit, so
 the plan splits the layers over those N), then drives its front door closed loop at
@@ -119,8 +119,9 @@ def counts_for(cluster: dict, counts: list[int]) -> list[int]:
 def vocabulary(endpoint: str, key: str, model: dict | None = None) -> int:
     """The served model's vocabulary size: the checkpoint's config on the controller when
     MODEL (cluster-summary.json's) has one (vLLM), else llama-server's /v1/models."""
-    config = Path((model or {}).get("path", "")) / "config.json"
-    if (model or {}).get("path") and config.is_file():
+    checkpoint = (model or {}).get("path")
+    config = Path(checkpoint or ".") / "config.json"
+    if checkpoint and config.is_file():
         try:
             return int(json.loads(config.read_text())["vocab_size"])
         except (KeyError, TypeError, ValueError) as exc:
