@@ -1,67 +1,101 @@
-"""Real short sweeps on one lab machine: a grid over plain vLLM (the baseline), SN and
-DP-2, calibrated, a few steps each, ending in a complete run directory and a report that
-reads the kit's layouts against plain vLLM; then, on the same machine,
-the adaptive mode: brackets and one bisection round instead of a grid. vLLM runs in eager
-mode here (it starts three times faster; the figures' size is not what is tested)."""
+"""Real short sweeps on the lab: lab1 serves, lab2 (group socketwise_loadgen) generates
+the load and serves nothing. First `socketwise sweep` with GuideLLM over plain vLLM (the
+baseline), SN and DP-2, calibrated, a few steps each, with progress per step, ending in a
+complete run directory that joins lab2's results with lab1's measurements and a report
+that reads the kit's layouts against plain vLLM; then, on the same machines, the adaptive
+mode with vLLM's own benchmark: brackets and one bisection round instead of a grid. vLLM
+runs in eager mode here (it starts three times faster; the figures' size is not what is
+tested). One lab and one deployment serve both sweeps: every lab module pays a boot, an
+install and a first start, so the sweeps share them."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from socketwise.facts.topology import detect
+from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
 from socketwise.measure.sweep import Profile, sweep
 from socketwise.plan.hwclass import isa_class
 from socketwise.report import analysis, render
 
-from .frontdoor import files_holding
-from .labs import eager_inventory, fresh_lab
+from .frontdoor import files_holding, key_places_on_host
+from .labs import eager_inventory, fresh_lab, run_on
+from .playbooks import run_playbook
 from .test_report import assert_renders
 
 pytestmark = pytest.mark.lab
 
-
-@pytest.fixture(scope="module")
-def machine(tmp_path_factory) -> Iterator[Path]:
-    """One machine for both sweeps (the adaptive one starts from the grid's restored SN);
-    its inventory, vLLM in eager mode."""
-    with fresh_lab():
-        yield eager_inventory(tmp_path_factory.mktemp("inventory"))
+LAYOUTS = ("baseline", "sn", "dp")
+BIN = Path(sys.executable).parent
 
 
-@pytest.fixture(scope="module")
-def run_dir(machine, tmp_path_factory) -> Path:
-    profile = Profile(
-        concurrencies=[1],
-        rate_fractions=[0.5, 1.5],
-        input_len=64,
-        output_len=32,
-        step_seconds=4,
-        min_prompts=4,
-        calibration_prompts=16,
-    )
-    return sweep(machine, ["baseline", "sn", "dp"], tmp_path_factory.mktemp("run"), profile)
+@dataclass
+class Lab:
+    inventory: Path
+    served: lab.Machine
+    loadgen: lab.Machine
+
+
+@dataclass
+class Grid:
+    run_dir: Path
+    stdout: str
 
 
 @pytest.fixture(scope="module")
-def adaptive_run(machine, run_dir, tmp_path_factory) -> Path:
+def machines(tmp_path_factory) -> Iterator[Lab]:
+    """lab1 serves, lab2 loads it; the inventory `lab up` wrote, vLLM in eager mode."""
+    with fresh_lab(machines=2, loadgen=1) as (served, loadgen):
+        yield Lab(eager_inventory(tmp_path_factory.mktemp("inventory")), served, loadgen)
+
+
+@pytest.fixture(scope="module")
+def grid(machines, tmp_path_factory) -> Grid:
+    """The calibrated grid through the CLI, as a user runs it: c1 and two rates a layout."""
+    run_dir = tmp_path_factory.mktemp("run")
+    done = subprocess.run(
+        [str(BIN / "socketwise"), "sweep", "-i", str(machines.inventory),
+         "--layouts", ",".join(LAYOUTS), "--tool", "guidellm", "--concurrencies", "1",
+         "--rate-fractions", "0.5,1.5", "--step-seconds", "4", "--input-len", "64",
+         "--output-len", "32", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return Grid(run_dir, done.stdout)
+
+
+@pytest.fixture(scope="module")
+def run_dir(grid) -> Path:
+    return grid.run_dir
+
+
+@pytest.fixture(scope="module")
+def adaptive_run(machines, grid, tmp_path_factory) -> Path:
+    """After the grid (it starts from the grid's restored SN), with vLLM's benchmark."""
     profile = Profile(
         input_len=64, output_len=32, step_seconds=4, min_prompts=4, calibration_prompts=16
     )
     run = tmp_path_factory.mktemp("adaptive")
-    return sweep(machine, ["sn", "dp"], run, profile, mode="adaptive", rounds=1)
+    return sweep(machines.inventory, ["sn", "dp"], run, profile, mode="adaptive", rounds=1)
 
 
 def test_summary_has_every_step_of_every_layout(run_dir):
     with (run_dir / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert {r["layout"] for r in rows} == {"baseline", "sn", "dp"}
-    for layout in ("baseline", "sn", "dp"):
+    assert {r["layout"] for r in rows} == set(LAYOUTS)
+    for layout in LAYOUTS:
         mine = [r for r in rows if r["layout"] == layout]
         assert [r["concurrency"] for r in mine if r["concurrency"]] == ["1"]
         assert len([r for r in mine if r["rate"]]) == 2
@@ -83,7 +117,7 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     }
     assert manifest["calibration"]["max_request_rate"] > 0
     assert "vLLM's own defaults" in manifest["baseline"]
-    for layout in ("baseline", "sn", "dp"):
+    for layout in LAYOUTS:
         results = run_dir / "hosts" / "lab1" / layout / "sweep"
         assert (results / "idle.json").exists()
         assert (
@@ -153,10 +187,81 @@ def test_the_report_of_the_run_renders_and_decides(run_dir, tmp_path):
     assert_renders(page, tmp_path, min_images=4)
 
 
-def test_the_run_directory_holds_no_api_key(run_dir):
-    # The load went through the front door with the lab's key; none of it was kept.
+def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
+    with (run_dir / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {r["host"] for r in rows} == {machines.served.name}  # lab2 serves nothing
+    for layout in LAYOUTS:
+        assert all(r["failed"] == "0" for r in rows if r["layout"] == layout)
+        steps = list((run_dir / "hosts" / "lab1" / layout / "sweep").glob("*/step.json"))
+        assert len(steps) == 3
+        for step in steps:
+            record = json.loads(step.read_text())
+            bench = json.loads((step.parent / "bench.json").read_text())
+            assert record["tool"] == bench["tool"] == "guidellm"
+            assert (step.parent / "guidellm.json").exists()
+            # Power and CPU are cut to the load itself, inside the step's wall time.
+            start, end = record["window"]
+            assert record["started"] < start < end < record["ended"]
+            assert record["power"]["seconds"] == pytest.approx(end - start, abs=0.01)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["load_generator"].startswith("guidellm")
+    assert "socketwise_loadgen" in manifest["measured_boundary"]
+    assert manifest["hosts"]["lab1"]["load_generator_host"] == machines.loadgen.name
+
+
+def test_the_load_came_from_the_load_generator(machines, grid):
+    served, loadgen = machines.served, machines.loadgen
+    # The last batch (DP's sweep) ran its GuideLLM steps on lab2, not on lab1.
+    assert "c1" in run_on(loadgen, "ls /var/lib/socketwise/bench-load/lab1").split()
+    assert run_on(loadgen, "ls /var/lib/socketwise/bench-load/lab1/c1").count("guidellm.json")
+    assert run_on(served, "ls /var/lib/socketwise/bench-load || echo absent") == "absent"
+    assert run_on(loadgen, "systemctl list-units --plain --no-legend 'socketwise-*'") == ""
+    assert run_on(served, "test -e /opt/socketwise/guidellm || echo absent") == "absent"
+    assert run_on(served, "systemctl is-active socketwise-vllm-sn") == "active"
+    # GuideLLM runs on vLLM's CPU torch, in its own venv with its own pins.
+    frozen = run_on(loadgen, "/opt/socketwise/guidellm/bin/python -m pip freeze")
+    assert "torch==2.13.0+cpu" in frozen.split() and "guidellm==0.8.1" in frozen.split()
+    assert not re.search(r"^nvidia-", frozen, re.MULTILINE)
+
+
+def test_progress_moves_with_every_step_and_gives_an_eta(grid):
+    finished = re.findall(
+        r"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: \w+: lab1 (\S+) done", grid.stdout
+    )
+    # Calibration, then c1 and two rates on each layout.
+    total = 1 + 3 * len(LAYOUTS)
+    assert [int(n) for n, _, _, _ in finished] == list(range(1, total + 1))
+    assert {t for _, t, _, _ in finished} == {str(total)}
+    assert finished[-1][2] == "0.0"
+    assert [name[0] for _, _, _, name in finished[1:]] == ["c", "r", "r"] * len(LAYOUTS)
+
+
+def test_the_sweep_wrote_the_report_of_its_run(grid, tmp_path):
+    assert f"wrote {grid.run_dir / 'report.html'}" in grid.stdout
+    assert_renders(grid.run_dir / "report.html", tmp_path, min_images=4)
+
+
+def test_a_load_generator_outside_the_group_is_refused_before_any_load(machines, grid):
+    spec_time = "stat -c %Y /var/lib/socketwise/bench/spec.json"
+    before = run_on(machines.served, spec_time)
+    run = run_playbook(
+        "playbooks/bench.yml", "-i", str(machines.inventory), "-e", "benchmark_loadgen=lab9"
+    )
+    assert run.returncode != 0 and run.recap("lab1")["failed"] == 1
+    assert "lab1: benchmark_loadgen=lab9 is not a host of the group socketwise_loadgen" in " ".join(
+        run.output.split()
+    )
+    # The last run's results on the served host are untouched.
+    assert run_on(machines.served, spec_time) == before
+
+
+def test_the_key_guidellm_sent_is_gone_from_the_load_generator_and_the_run(machines, grid):
     key = api_key_path().read_text().strip()
-    assert files_holding(run_dir, key) == []
+    assert key not in grid.stdout
+    assert files_holding(grid.run_dir, key) == []
+    assert key_places_on_host(machines.loadgen, key) == []
+    assert run_on(machines.loadgen, "ls /etc/socketwise/secrets") == ""
 
 
 def test_adaptive_measures_brackets_and_the_bisection_midpoint_on_both_layouts(adaptive_run):
