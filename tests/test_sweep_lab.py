@@ -83,12 +83,15 @@ def run_dir(grid) -> Path:
 
 @pytest.fixture(scope="module")
 def adaptive_run(machines, grid, tmp_path_factory) -> Path:
-    """After the grid (it starts from the grid's restored SN), with vLLM's benchmark."""
+    """After the grid (it starts from the grid's restored SN), with vLLM's benchmark;
+    the lab goes down after it, so it leaves DP (restoring is the grid's test)."""
     profile = Profile(
         input_len=64, output_len=32, step_seconds=4, min_prompts=4, calibration_prompts=16
     )
     run = tmp_path_factory.mktemp("adaptive")
-    return sweep(machines.inventory, ["sn", "dp"], run, profile, mode="adaptive", rounds=1)
+    return sweep(
+        machines.inventory, ["sn", "dp"], run, profile, restore=False, mode="adaptive", rounds=1
+    )
 
 
 def test_summary_has_every_step_of_every_layout(run_dir):
