@@ -120,9 +120,9 @@ class Cluster:
 
 
 @contextmanager
-def lab_cluster(tmp_path_factory, **options) -> Iterator[Cluster]:
+def lab_cluster(tmp_path_factory, preinstalled: bool = False, **options) -> Iterator[Cluster]:
     """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars)."""
-    with fresh_lab(machines=3) as machines:
+    with fresh_lab(machines=3, preinstalled=preinstalled) as machines:
         yield Cluster(
             {m.name: m for m in machines},
             tmp_path_factory.mktemp("cluster"),

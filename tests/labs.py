@@ -1,8 +1,20 @@
-"""A lab of fresh machines for one test module, always powered off afterwards."""
+"""A lab of fresh machines for one test module, always powered off afterwards.
+
+Installing vLLM on a lab machine (copying its 900 MB wheelhouse, unpacking and compiling
+about 2 GB of wheels) takes two minutes of the lab's two cores per machine, and most
+modules are not about the install: the deploy module and molecule's default scenario
+install for real. The others may ask for `preinstalled` machines: the venvs and
+wheelhouses an earlier module's deploy installed on a lab machine are kept at its
+teardown (moved, not copied, into INSTALLED_DIR, per rootfs build) and hard-linked into
+each new machine's copy before anything runs there, so the role finds its marker and
+skips the install, as on a server deployed before. With nothing kept yet (a fresh
+controller) the module installs for real, and its teardown keeps what it installed.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -11,22 +23,80 @@ from pathlib import Path
 import pytest
 
 from socketwise.lab import machines as lab
+from socketwise.lab.common import lab_dir
+from socketwise.lab.rootfs import rootfs_build_id
 
 from .playbooks import REPO
+
+# Where test_deploy_lab installs the zen wheel set on a host of another build class.
+ZEN_ASIDE = "/var/tmp/socketwise-zen"
+# The markers of what the vllm and benchmark roles install, relative to a machine's root:
+# the directory holding one is complete (the roles' own `creates:`).
+INSTALL_MARKERS = (
+    "opt/socketwise/venvs/*/.socketwise-*",
+    "opt/socketwise/wheelhouse/*/socketwise-wheelhouse.json",
+    "opt/socketwise/guidellm/.socketwise-*",
+    f"{ZEN_ASIDE.lstrip('/')}/venv/.socketwise-*",
+)
+
+
+def installed_dir() -> Path:
+    """Per rootfs build and version of the venv install: a change to either installs anew."""
+    install = hashlib.sha256((REPO / "roles/vllm/tasks/venv.yml").read_bytes()).hexdigest()
+    return lab_dir() / "installed" / f"{rootfs_build_id()}-{install[:12]}"
 
 
 @contextlib.contextmanager
 def fresh_lab(
-    machines: int = 1, loadgen: int = 0, frontdoor: int = 0
+    machines: int = 1, loadgen: int = 0, frontdoor: int = 0, preinstalled: bool = False
 ) -> Iterator[list[lab.Machine]]:
-    """Machines copied anew from the rootfs (nothing left from an earlier test)."""
+    """Machines copied anew from the rootfs (nothing left from an earlier test); with
+    PREINSTALLED, every machine but the front doors holds the kept venvs and wheelhouses."""
     if any(m.running for m in lab.status()):
         pytest.fail("a lab is already running: `socketwise lab down` first")
     lab.down(purge=True)
+    booted: list[lab.Machine] = []
     try:
-        yield lab.up(machines=machines, loadgen=loadgen, frontdoor=frontdoor)
+        booted = lab.up(machines=machines, loadgen=loadgen, frontdoor=frontdoor)
+        if preinstalled:
+            doors = booted[len(booted) - loadgen - frontdoor : len(booted) - loadgen]
+            for machine in booted:
+                if machine not in doors:
+                    link_installed(machine.directory, "opt/socketwise")
+        yield booted
     finally:
+        lab.down()
+        for machine in booted:
+            keep_installed(machine.directory)
         lab.down(purge=True)
+
+
+def _installed(root: Path) -> Iterator[Path]:
+    """The complete installs under ROOT, relative to it."""
+    for marker in INSTALL_MARKERS:
+        for found in sorted(root.glob(marker)):
+            yield found.parent.relative_to(root)
+
+
+def keep_installed(machine_root: Path, under: str = "") -> None:
+    """Move MACHINE_ROOT's complete installs below UNDER that are not kept yet into
+    installed_dir()."""
+    kept = installed_dir()
+    for entry in _installed(machine_root):
+        if entry.is_relative_to(under) and not (kept / entry).exists():
+            (kept / entry).parent.mkdir(parents=True, exist_ok=True)
+            (machine_root / entry).rename(kept / entry)
+
+
+def link_installed(machine_root: Path, under: str) -> bool:
+    """Hard-link the kept installs below UNDER (relative to a machine's root) into
+    MACHINE_ROOT; False when none is kept."""
+    kept = installed_dir()
+    entries = [entry for entry in _installed(kept) if entry.is_relative_to(under)]
+    for entry in entries:
+        (machine_root / entry).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-al", str(kept / entry), str(machine_root / entry)], check=True)
+    return bool(entries)
 
 
 def run_on(machine: lab.Machine, command: str) -> str:

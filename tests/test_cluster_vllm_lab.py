@@ -53,7 +53,9 @@ def stage_pids(cluster: Cluster, host: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    with lab_cluster(tmp_path_factory, engine="vllm", extra_vars=LAB_VARS) as built:
+    with lab_cluster(
+        tmp_path_factory, preinstalled=True, engine="vllm", extra_vars=LAB_VARS
+    ) as built:
         yield built
 
 

