@@ -184,8 +184,12 @@ def _bench(
     seed: int,
     tool: str = "vllm",
     on_event: Callable[[dict], bool] | None = None,
+    prepare_loadgen: bool = True,
 ) -> dict:
     """Run `steps` on every host; unpack each into run_dir/hosts/HOST/LAYOUT/BATCH.
+
+    PREPARE_LOADGEN false skips bench.yml's load-generator play: the batches after a
+    run's first find their tool installed by it (about 20 s of Ansible a batch).
 
     A host's run comes in two archives, the served host's (HOST.tar.gz: idle baseline,
     per-step power, CPU and /metrics, journal, placement) and the load generator's
@@ -201,6 +205,7 @@ def _bench(
                 "benchmark_fetch_dir": fetched,
                 "benchmark_seed": seed,
                 "benchmark_tool": tool,
+                "benchmark_prepare_loadgen": prepare_loadgen,
             },  # fmt: skip
             run_dir / "artifacts",
             on_event,
@@ -275,6 +280,7 @@ class Sweep:
     ):
         self.inventory, self.run_dir, self.profile, self.tool = inventory, run_dir, profile, tool
         self.deployed: str | None = None
+        self.loadgen_prepared = False
         self.summary: list[dict] = []
         self.power: list[dict] = []
         self.flat_out: dict[str, float] = {}
@@ -297,8 +303,9 @@ class Sweep:
         found: dict[str, dict[str, dict]] = {}
         unpacked = _bench(
             self.inventory, layout, steps, self.run_dir, batch, self.profile.seed, self.tool,
-            lambda event: self._on_event(layout, event),
+            lambda event: self._on_event(layout, event), not self.loadgen_prepared,
         )  # fmt: skip
+        self.loadgen_prepared = True
         for host, results in unpacked.items():
             self.summary += summary_rows(host, layout, results)
             self.power += step_power_rows(host, layout, results)
