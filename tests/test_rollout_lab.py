@@ -1,11 +1,11 @@
-"""Fleet rollout on the lab: three serving machines behind a fleet front door (a fourth),
+"""Fleet rollout on the lab: two serving machines behind a fleet front door (a third),
 changed while vLLM's own benchmark sends load through that front door.
 
-One deployment for the module (lab3 with two replicas, DP-2); each stage builds on the
-last: a rollout that changes nothing (in a ramp of batches), a rolling update to a new
-release (a new model revision and a changed vLLM argument), a rollout whose second host
-cannot become healthy, a canary whose new release the benchmark gate finds slower, and a
-vLLM killed under load. The lab
+One deployment for the module (lab1 with one instance, lab2 with two replicas, DP-2);
+each stage builds on the last: a rollout that changes nothing (in a ramp of batches), a
+rolling update to a new release (a new model revision and a changed vLLM argument), a
+rollout whose first host cannot become healthy (the second is never reached), a canary
+whose new release the benchmark gate finds slower, and a vLLM killed under load. The lab
 inventory gets `--enforce-eager` here: the tiny model then restarts in about 20 s instead
 of 60 s (torch compile), which the rollout's logic does not depend on.
 """
@@ -36,7 +36,8 @@ from .playbooks import REPO, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
 
-SERVING = ("lab1", "lab2", "lab3")
+SERVING = ("lab1", "lab2")
+DOOR = "lab3"
 UNITS = "/etc/systemd/system/socketwise-*.service"
 VLLM_UNIT = "socketwise-vllm-sn.service"
 REPLICAS = ("vllm-dp0", "vllm-dp1")
@@ -100,7 +101,7 @@ class Fleet:
             "s.connect('/run/socketwise-fleet/admin.sock'); s.sendall(b'show stat\\n'); "
             "print(b''.join(iter(lambda: s.recv(65536), b'')).decode())"
         )
-        lines = self.on("lab4", f'python3 -c "{reader}"').splitlines()
+        lines = self.on(DOOR, f'python3 -c "{reader}"').splitlines()
         header = lines[0].lstrip("# ").split(",")
         rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
         return {
@@ -132,7 +133,7 @@ class Load:
         process = subprocess.Popen(
             [str(cache / "vllm-venv" / "bin" / "python"), "-c", BENCH,
              "--backend", "vllm",
-             "--base-url", f"http://{self.fleet.machines['lab4'].address}:{FLEET_PORT}",
+             "--base-url", f"http://{self.fleet.machines[DOOR].address}:{FLEET_PORT}",
              "--endpoint", "/v1/completions", "--model", "tiny-llama",
              "--tokenizer", str(cache / "models" / "tiny-llama"), "--dataset-name", "random",
              "--random-input-len", "32", "--random-output-len", "32",
@@ -198,23 +199,23 @@ def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRu
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
-    with fresh_lab(machines=4, frontdoor=1, preinstalled=True) as machines:
+    with fresh_lab(machines=3, frontdoor=1, preinstalled=True) as machines:
         inventory = eager_inventory(work / "inventory")
         (inventory / "host_vars").mkdir()
-        (inventory / "host_vars" / "lab3.yml").write_text("plan_layout: dp\n")
+        (inventory / "host_vars" / "lab2.yml").write_text("plan_layout: dp\n")
         built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work)
         done, seconds = built.run("deploy.yml")
         assert done.returncode == 0, done.output[-4000:]
-        print(f"\ndeploy of 3 hosts and the fleet front door: {seconds:.0f} s")
+        print(f"\ndeploy of 2 hosts and the fleet front door: {seconds:.0f} s")
         yield built
 
 
 @pytest.fixture(scope="module")
 def noop(fleet) -> tuple[PlaybookRun, float, dict, dict, dict]:
-    """A rollout with nothing to change, in a ramp of batches: one host, then two."""
+    """A rollout with nothing to change, in a ramp of batches: one host, then up to two."""
     before = {host: fleet.footprint(host) for host in SERVING}
     done, seconds = fleet.run("rollout.yml", "-e", '{"rollout_batch": [1, 2]}')
-    print(f"\nno-op rollout of 3 hosts: {seconds:.0f} s")
+    print(f"\nno-op rollout of 2 hosts: {seconds:.0f} s")
     after = {host: fleet.footprint(host) for host in SERVING}
     return done, seconds, before, after, fleet.summary()
 
@@ -231,21 +232,22 @@ def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
         + f'vllm_model_path: "{revision}"\n'
         + 'vllm_service_extra_args: ["--enforce-eager", "--max-num-seqs", "64"]\n'
     )
-    done, seconds, result = rollout_under_load(fleet, "rolling update of 3 hosts")
+    done, seconds, result = rollout_under_load(fleet, "rolling update of 2 hosts")
     return done, seconds, result, fleet.summary()
 
 
 @pytest.fixture(scope="module")
 def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
-    """lab1 has nothing to change; lab2's new release cannot start; lab3 is never reached."""
+    """lab1's new release cannot start; lab2 is never reached. The gated canary after it
+    rewrites lab1's host_vars."""
     args = ["--enforce-eager", "--max-num-seqs", "64", "--no-such-flag"]
-    (fleet.inventory / "host_vars" / "lab2.yml").write_text(
+    (fleet.inventory / "host_vars" / "lab1.yml").write_text(
         f"vllm_service_extra_args: {json.dumps(args)}\n"
     )
-    untouched = fleet.footprint("lab3")
-    before = fleet.on("lab2", "readlink /opt/socketwise/releases/current")
-    done, _, result = rollout_under_load(fleet, "rollout stopped at lab2")
-    return done, result, {"lab3": untouched, "lab2": before}, fleet.summary()
+    untouched = fleet.footprint("lab2")
+    before = fleet.on("lab1", "readlink /opt/socketwise/releases/current")
+    done, _, result = rollout_under_load(fleet, "rollout stopped at lab1")
+    return done, result, {"lab2": untouched, "lab1": before}, fleet.summary()
 
 
 @pytest.fixture(scope="module")
@@ -274,16 +276,16 @@ def test_a_rollout_that_changes_nothing_touches_nothing(noop):
         assert done.recap(host)["changed"] == 0, host
         assert after[host] == before[host], host
         assert summary[host]["reason"] == "nothing to change"
-    assert done.recap("lab4")["changed"] == 0
-    # rollout_batch [1, 2]: lab1 alone, then lab2 and lab3 together.
+    assert done.recap(DOOR)["changed"] == 0
+    # rollout_batch [1, 2]: lab1 alone, then the rest (lab2).
     assert {host: summary[host]["batch"] for host in SERVING} == {
-        "lab1": ["lab1"], "lab2": ["lab2", "lab3"], "lab3": ["lab2", "lab3"]
+        "lab1": ["lab1"], "lab2": ["lab2"]
     }  # fmt: skip
 
 
 def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(fleet, noop):
     key = api_key_path().read_text().strip()
-    door = fleet.machines["lab4"].address
+    door = fleet.machines[DOOR].address
     assert frontdoor.completion_tokens(door, FLEET_PORT, key) > 0
     assert frontdoor.call(door, FLEET_PORT, "/v1/completions", None, frontdoor.COMPLETION)[0] == 401
     assert frontdoor.call(door, FLEET_PORT, "/metrics", key)[0] == 403
@@ -291,7 +293,7 @@ def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(flee
         SERVING, "UP"
     )
     # The runtime API socket is root's alone.
-    assert fleet.on("lab4", "stat -c %a /run/socketwise-fleet") == "700"
+    assert fleet.on(DOOR, "stat -c %a /run/socketwise-fleet") == "700"
 
 
 def test_a_rolling_update_under_load_loses_no_request(rolled):
@@ -316,30 +318,30 @@ def test_a_rolling_update_under_load_loses_no_request(rolled):
 
 
 def test_a_host_with_two_replicas_restarts_them_one_at_a_time(fleet, rolled):
-    restarts = rolled[3]["lab3"]["gate"]["instance_restarts"]
+    restarts = rolled[3]["lab2"]["gate"]["instance_restarts"]
     assert [r["instance"] for r in restarts] == list(REPLICAS)
     first, second = restarts
     assert second["left"] >= first["back"], restarts
     # systemd's own record agrees: the second replica's process started only after the
     # first was serving and back in the host's front door.
     first_started, second_started = (
-        fleet.started_at("lab3", f"socketwise-{name}.service") for name in REPLICAS
+        fleet.started_at("lab2", f"socketwise-{name}.service") for name in REPLICAS
     )
     # (systemd's record has whole seconds: a start in the second the replica left counts.)
     assert math.floor(first["left"]) <= first_started < first["back"] <= second_started, restarts
 
 
 def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, rolled):
-    release = json.loads(fleet.on("lab2", "cat /opt/socketwise/releases/current/release.json"))
-    previous = json.loads(fleet.on("lab2", "cat /opt/socketwise/releases/previous/release.json"))
+    release = json.loads(fleet.on("lab1", "cat /opt/socketwise/releases/current/release.json"))
+    previous = json.loads(fleet.on("lab1", "cat /opt/socketwise/releases/previous/release.json"))
     assert release["model"] != previous["model"] and release["model_revision"]
     # Each argument is one quoted word on a line of the unit.
     unit = f"/etc/systemd/system/{VLLM_UNIT}"
-    assert '"64"' in fleet.on("lab2", f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
+    assert '"64"' in fleet.on("lab1", f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
     # ... and the instance runs it: it was restarted since the no-op rollout.
-    assert fleet.footprint("lab2")["started"] != noop[3]["lab2"]["started"]
+    assert fleet.footprint("lab1")["started"] != noop[3]["lab1"]["started"]
     # The release before stays, with what it ran, until the next one is proven.
-    fleet.on("lab2", f"test -d {previous['venv']} && test -d {previous['model']}")
+    fleet.on("lab1", f"test -d {previous['venv']} && test -d {previous['model']}")
 
 
 def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched(
@@ -347,18 +349,17 @@ def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched
 ):
     done, load, before, summary = failed_rollout
     assert done.returncode != 0
-    assert "lab2: rollout failed at step activate" in done.output
+    assert "lab1: rollout failed at step activate" in done.output
     assert "unrecognized arguments: --no-such-flag" in done.output
     assert load["failed"] == 0
-    assert summary["lab1"]["reason"] == "nothing to change"
-    assert summary["lab2"]["rolled_back"] and summary["lab2"]["failed_step"] == "activate"
-    assert summary["lab2"]["release_after"] == summary["lab2"]["release_before"] == before["lab2"]
-    assert "lab3" not in summary
-    assert fleet.footprint("lab3") == before["lab3"]
+    assert summary["lab1"]["rolled_back"] and summary["lab1"]["failed_step"] == "activate"
+    assert summary["lab1"]["release_after"] == summary["lab1"]["release_before"] == before["lab1"]
+    assert "lab2" not in summary
+    assert fleet.footprint("lab2") == before["lab2"]
     key = api_key_path().read_text().strip()
-    assert frontdoor.completion_tokens(fleet.machines["lab2"].address, FLEET_PORT, key) > 0
+    assert frontdoor.completion_tokens(fleet.machines["lab1"].address, FLEET_PORT, key) > 0
     # Serving there: UP, or UP with a check just missed on the busy lab ("UP 1/2").
-    assert fleet.fleet_servers()["lab2"]["status"].startswith("UP")
+    assert fleet.fleet_servers()["lab1"]["status"].startswith("UP")
 
 
 def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet, gated_canary):
