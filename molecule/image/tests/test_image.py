@@ -59,19 +59,13 @@ def test_each_host_runs_only_its_classs_image_with_the_digest_built(host):
     assert host.check_output(f"ls {summary(host)['model'].rsplit('/models/', 1)[0]}/images") == ""
 
 
-def test_one_image_per_build_class_of_the_fleet():
-    """molecule2 is given avx2, molecule1 runs the class its CPU calls for: two classes
-    (one, on an AVX2-only controller) make exactly as many images."""
-    per_host = [json.loads(p.read_text())["build"] for p in ARTIFACTS.glob("*/deploy-summary.json")]
-    assert len(per_host) == 2 and "avx2" in {b["class"] for b in per_host}
-    images = {b["class"]: b["image_digest"] for b in per_host}
-    assert len(set(images.values())) == len(images)
+def test_the_image_is_of_the_class_the_cpu_calls_for():
+    """zentorch is in the zen image only: vLLM picked its Zen platform there alone."""
+    (build,) = [json.loads(p.read_text())["build"] for p in ARTIFACTS.glob("*/deploy-summary.json")]
+    assert build["class"] == build["detected"]
     built = [json.loads(p.read_text()) for p in (CACHE / "images").glob("*.json")]
-    assert {b["digest"] for b in built} >= set(images.values())
-    # zentorch is in the zen image only: vLLM picked its Zen platform there alone.
-    for build in per_host:
-        zen = "ZenCpuPlatform" if build["class"] == "zen" else "CpuPlatform"
-        assert build["platform"] == zen, build
+    assert build["image_digest"] in {b["digest"] for b in built}
+    assert build["platform"] == ("ZenCpuPlatform" if build["class"] == "zen" else "CpuPlatform")
 
 
 def test_the_front_door_answers_a_real_completion_with_the_key_only(host):
