@@ -2,10 +2,10 @@
 
 Installing vLLM on a lab machine (copying its 900 MB wheelhouse, unpacking and compiling
 about 2 GB of wheels) takes two minutes of the lab's two cores per machine, and most
-modules are not about the install: the deploy module and molecule's default scenario
-install for real. The others may ask for `preinstalled` machines: the venvs and
-wheelhouses an earlier module's deploy installed on a lab machine are kept at its
-teardown (moved, not copied, into INSTALLED_DIR, per rootfs build) and hard-linked into
+modules are not about the install: the deploy module installs for real. The others may
+ask for `preinstalled` machines: the venvs and wheelhouses an earlier module's deploy
+installed on a lab machine are kept at its teardown (moved, not copied, into
+`installed_dir()`, per rootfs build and version of the install tasks) and hard-linked into
 each new machine's copy before anything runs there, so the role finds its marker and
 skips the install, as on a server deployed before. With nothing kept yet (a fresh
 controller) the module installs for real, and its teardown keeps what it installed.
@@ -28,14 +28,16 @@ from socketwise.lab.rootfs import rootfs_build_id
 
 from .playbooks import REPO
 
+# Where the vllm and benchmark roles install on a host.
+KIT_HOME = "opt/socketwise"
 # Where test_deploy_lab installs the zen wheel set on a host of another build class.
 ZEN_ASIDE = "/var/tmp/socketwise-zen"
 # The markers of what the vllm and benchmark roles install, relative to a machine's root:
 # the directory holding one is complete (the roles' own `creates:`).
 INSTALL_MARKERS = (
-    "opt/socketwise/venvs/*/.socketwise-*",
-    "opt/socketwise/wheelhouse/*/socketwise-wheelhouse.json",
-    "opt/socketwise/guidellm/.socketwise-*",
+    f"{KIT_HOME}/venvs/*/.socketwise-*",
+    f"{KIT_HOME}/wheelhouse/*/socketwise-wheelhouse.json",
+    f"{KIT_HOME}/guidellm/.socketwise-*",
     f"{ZEN_ASIDE.lstrip('/')}/venv/.socketwise-*",
 )
 
@@ -62,7 +64,7 @@ def fresh_lab(
             doors = booted[len(booted) - loadgen - frontdoor : len(booted) - loadgen]
             for machine in booted:
                 if machine not in doors:
-                    link_installed(machine.directory, "opt/socketwise")
+                    link_installed(machine.directory, KIT_HOME)
         yield booted
     finally:
         lab.down()

@@ -3,7 +3,7 @@
 The default scenario's subject is the roles' layout, front door, idempotence and check
 mode, not the venv install (test_deploy_lab installs for real), so its machine gets the
 venvs kept from an earlier module (`labs.fresh_lab`'s preinstalled) between molecule's
-create and converge: its steps run one by one, in the scenario's own test sequence.
+create and converge: its steps run one by one, in the scenario's own test_sequence.
 """
 
 import os
@@ -12,15 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from socketwise.lab import machines as lab
 
-from .labs import link_installed
+from .labs import KIT_HOME, link_installed
 from .playbooks import REPO
 
 pytestmark = pytest.mark.lab
 BIN = Path(sys.executable).parent
-SEQUENCE = ("destroy", "create", "converge", "idempotence", "verify")
+SEQUENCE = yaml.safe_load((REPO / "molecule/default/molecule.yml").read_text())["scenario"][
+    "test_sequence"
+]
 
 
 def molecule(*args: str) -> subprocess.CompletedProcess[str]:
@@ -35,6 +38,7 @@ def molecule(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_molecule_default_scenario_passes(monkeypatch):
+    finished = False
     try:
         for step in SEQUENCE:
             result = molecule(step, "-s", "default")
@@ -43,10 +47,12 @@ def test_molecule_default_scenario_passes(monkeypatch):
             if step == "create":
                 monkeypatch.setenv("SOCKETWISE_LAB", "molecule")
                 for machine in lab.status():
-                    link_installed(machine.directory, "opt/socketwise")
+                    link_installed(machine.directory, KIT_HOME)
                 monkeypatch.delenv("SOCKETWISE_LAB")
+        finished = True
     finally:
-        molecule("destroy", "-s", "default")
+        if not finished:
+            molecule("destroy", "-s", "default")
 
 
 def test_molecule_image_scenario_passes():
