@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from socketwise.lab import machines as lab
-from socketwise.lab.common import lab_dir
+from socketwise.lab.common import default_inventory_dir, lab_dir
 from socketwise.lab.rootfs import rootfs_build_id
 
 from .playbooks import REPO
@@ -40,6 +40,8 @@ INSTALL_MARKERS = (
     f"{KIT_HOME}/guidellm/.socketwise-*",
     f"{ZEN_ASIDE.lstrip('/')}/venv/.socketwise-*",
 )
+# What only a load generator installs: a serving host never holds GuideLLM.
+LOADGEN_ONLY = f"{KIT_HOME}/guidellm"
 
 
 def installed_dir() -> Path:
@@ -61,10 +63,11 @@ def fresh_lab(
     try:
         booted = lab.up(machines=machines, loadgen=loadgen, frontdoor=frontdoor)
         if preinstalled:
-            doors = booted[len(booted) - loadgen - frontdoor : len(booted) - loadgen]
-            for machine in booted:
-                if machine not in doors:
-                    link_installed(machine.directory, KIT_HOME)
+            serving = booted[: len(booted) - loadgen - frontdoor]
+            for machine in serving:
+                link_installed(machine.directory, KIT_HOME, leave=LOADGEN_ONLY)
+            for machine in booted[len(booted) - loadgen :]:
+                link_installed(machine.directory, KIT_HOME)
         yield booted
     finally:
         lab.down()
@@ -87,18 +90,37 @@ def keep_installed(machine_root: Path, under: str = "") -> None:
     for entry in _installed(machine_root):
         if entry.is_relative_to(under) and not (kept / entry).exists():
             (kept / entry).parent.mkdir(parents=True, exist_ok=True)
-            (machine_root / entry).rename(kept / entry)
+            try:
+                (machine_root / entry).rename(kept / entry)
+            except OSError:
+                # Another worker's lab kept the same install first: theirs serves.
+                if not (kept / entry).exists():
+                    raise
 
 
-def link_installed(machine_root: Path, under: str) -> bool:
-    """Hard-link the kept installs below UNDER (relative to a machine's root) into
-    MACHINE_ROOT; False when none is kept."""
+def link_installed(machine_root: Path, under: str, leave: str = "") -> bool:
+    """Hard-link the kept installs below UNDER (relative to a machine's root), but those
+    below LEAVE, into MACHINE_ROOT; False when none is kept."""
     kept = installed_dir()
-    entries = [entry for entry in _installed(kept) if entry.is_relative_to(under)]
+    entries = [
+        entry
+        for entry in _installed(kept)
+        if entry.is_relative_to(under) and not (leave and entry.is_relative_to(leave))
+    ]
     for entry in entries:
         (machine_root / entry).parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["cp", "-al", str(kept / entry), str(machine_root / entry)], check=True)
     return bool(entries)
+
+
+@contextlib.contextmanager
+def named_lab(name: str) -> Iterator[None]:
+    """Work in the lab NAME (SOCKETWISE_LAB) until the block ends: its own machines
+    (NAME1, NAME2, ...), addresses and inventory, so it runs beside another test worker's
+    lab. The lab's API key and kept installs are shared."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SOCKETWISE_LAB", name)
+        yield
 
 
 def run_on(machine: lab.Machine, command: str) -> str:
@@ -115,7 +137,7 @@ def eager_inventory(into: Path) -> Path:
     model then starts in about 20 s instead of 60 s (no torch compile). For modules whose
     subject is what the kit does around vLLM (sweeps, rollouts), not vLLM's speed."""
     (into / "group_vars").mkdir(parents=True)
-    shutil.copy(REPO / "inventories" / "lab" / "hosts.yml", into / "hosts.yml")
+    shutil.copy(default_inventory_dir() / "hosts.yml", into / "hosts.yml")
     committed = (REPO / "inventories" / "lab" / "group_vars" / "lab.yml").read_text()
     (into / "group_vars" / "lab.yml").write_text(
         committed + 'vllm_service_extra_args: ["--enforce-eager"]\n'

@@ -16,10 +16,10 @@ import yaml
 
 from socketwise.lab import machines as lab
 
-from .labs import KIT_HOME, link_installed
+from .labs import KIT_HOME, LOADGEN_ONLY, link_installed
 from .playbooks import REPO
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("molecule")]
 BIN = Path(sys.executable).parent
 SEQUENCE = yaml.safe_load((REPO / "molecule/default/molecule.yml").read_text())["scenario"][
     "test_sequence"
@@ -47,7 +47,7 @@ def test_molecule_default_scenario_passes(monkeypatch):
             if step == "create":
                 monkeypatch.setenv("SOCKETWISE_LAB", "molecule")
                 for machine in lab.status():
-                    link_installed(machine.directory, KIT_HOME)
+                    link_installed(machine.directory, KIT_HOME, leave=LOADGEN_ONLY)
                 monkeypatch.delenv("SOCKETWISE_LAB")
         finished = True
     finally:
