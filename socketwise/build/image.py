@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from socketwise.build.wheelhouse import MARKER, REQUIREMENTS, install_argv, read_marker
-from socketwise.common.files import read_json, sha256
+from socketwise.common.files import building, read_json, sha256
 
 REPOSITORY = "localhost/socketwise-vllm"
 # Bump when the steps below change what an image holds: it is part of every tag.
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", required=True, help="the venv's path inside the image")
     args = parser.parse_args(argv)
     try:
-        described = build(args.cache, args.build_class, args.rootfs, args.wheelhouse, args.venv)
+        with building(args.cache):
+            described = build(args.cache, args.build_class, args.rootfs, args.wheelhouse, args.venv)
     except ImageError as error:
         print(f"socketwise.build.image: {error}", file=sys.stderr)
         return 2

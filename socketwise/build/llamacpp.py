@@ -35,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from socketwise.common.files import publish, read_json, sha256
+from socketwise.common.files import building, publish, read_json, sha256
 from socketwise.common.paths import cache_dir
 
 SOURCE_VERSION = "11434.0.0"
@@ -123,8 +123,11 @@ def build(build_class: str, cache: Path | None = None, log=print) -> Path:
     """Build (or find) the class's binaries; return the directory that holds ``bin/``."""
     cache = cache or cache_dir()
     dest = build_dir(build_class, cache)
-    if is_complete(dest):
-        return dest
+    with building(dest):
+        return dest if is_complete(dest) else _build(build_class, cache, dest, log)
+
+
+def _build(build_class: str, cache: Path, dest: Path, log) -> Path:
     tarball = _source(cache)
     staging = dest.parent / f".{dest.name}.staging"
     if staging.exists():

