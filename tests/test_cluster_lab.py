@@ -33,7 +33,7 @@ from .clusters import (
 )
 from .playbooks import BIN, REPO, PlaybookRun
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 
 
 def buffers_mib(cluster: Cluster) -> dict[str, float]:

@@ -25,7 +25,7 @@ from . import frontdoor
 from .clusters import API_PORT, GREEDY, HEAD, PORT, Cluster, lab_cluster
 from .playbooks import PlaybookRun
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
 
 STAGE_UNIT = "socketwise-pp-vllm.service"
 MASTER_PORT = 29501

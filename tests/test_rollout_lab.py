@@ -1,7 +1,8 @@
-"""Fleet rollout on the lab: two serving machines behind a fleet front door (a third),
-changed while vLLM's own benchmark sends load through that front door.
+"""Fleet rollout on a lab of its own (`rollout`, beside the other test worker's lab): two
+serving machines behind a fleet front door (a third), changed while vLLM's own benchmark
+sends load through that front door.
 
-One deployment for the module (lab1 with one instance, lab2 with two replicas, DP-2);
+One deployment for the module (rollout1 with one instance, rollout2 with two replicas);
 each stage builds on the last: a rollout that changes nothing (in a ramp of batches), a
 rolling update to a new release (a new model revision and a changed vLLM argument), a
 rollout whose first host cannot become healthy (the second is never reached), a canary
@@ -31,13 +32,16 @@ from socketwise.lab.common import api_key_path
 from socketwise.measure.benchrun import BENCH
 
 from . import frontdoor
-from .labs import eager_inventory, fresh_lab, run_on
+from .labs import eager_inventory, fresh_lab, named_lab, run_on
 from .playbooks import REPO, PlaybookRun, run_playbook
 
-pytestmark = pytest.mark.lab
+# Its own lab: the suite's two workers (pytest-xdist) run it beside the `lab` lab's modules.
+LAB = "rollout"
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(LAB)]
 
-SERVING = ("lab1", "lab2")
-DOOR = "lab3"
+# SN_HOST serves one instance, DP_HOST two replicas.
+SERVING = SN_HOST, DP_HOST = (f"{LAB}1", f"{LAB}2")
+DOOR = f"{LAB}3"
 UNITS = "/etc/systemd/system/socketwise-*.service"
 VLLM_UNIT = "socketwise-vllm-sn.service"
 REPLICAS = ("vllm-dp0", "vllm-dp1")
@@ -199,10 +203,10 @@ def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRu
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("fleet")
-    with fresh_lab(machines=3, frontdoor=1, preinstalled=True) as machines:
+    with named_lab(LAB), fresh_lab(machines=3, frontdoor=1, preinstalled=True) as machines:
         inventory = eager_inventory(work / "inventory")
         (inventory / "host_vars").mkdir()
-        (inventory / "host_vars" / "lab2.yml").write_text("plan_layout: dp\n")
+        (inventory / "host_vars" / f"{DP_HOST}.yml").write_text("plan_layout: dp\n")
         built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work)
         done, seconds = built.run("deploy.yml")
         assert done.returncode == 0, done.output[-4000:]
@@ -238,34 +242,34 @@ def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
 
 @pytest.fixture(scope="module")
 def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
-    """lab1's new release cannot start; lab2 is never reached. The gated canary after it
-    rewrites lab1's host_vars."""
+    """SN_HOST's new release cannot start; DP_HOST is never reached. The gated canary after
+    it rewrites SN_HOST's host_vars."""
     args = ["--enforce-eager", "--max-num-seqs", "64", "--no-such-flag"]
-    (fleet.inventory / "host_vars" / "lab1.yml").write_text(
+    (fleet.inventory / "host_vars" / f"{SN_HOST}.yml").write_text(
         f"vllm_service_extra_args: {json.dumps(args)}\n"
     )
-    untouched = fleet.footprint("lab2")
-    before = fleet.on("lab1", "readlink /opt/socketwise/releases/current")
-    done, _, result = rollout_under_load(fleet, "rollout stopped at lab1")
-    return done, result, {"lab2": untouched, "lab1": before}, fleet.summary()
+    untouched = fleet.footprint(DP_HOST)
+    before = fleet.on(SN_HOST, "readlink /opt/socketwise/releases/current")
+    done, _, result = rollout_under_load(fleet, f"rollout stopped at {SN_HOST}")
+    return done, result, {DP_HOST: untouched, SN_HOST: before}, fleet.summary()
 
 
 @pytest.fixture(scope="module")
 def gated_canary(fleet, failed_rollout) -> tuple[PlaybookRun, dict, str]:
-    """lab1 alone, with the benchmark gate, to a release that serves one request at a
+    """SN_HOST alone, with the benchmark gate, to a release that serves one request at a
     time (the gate's benchmark sends two at once): it must fail the gate and go back."""
     args = ["--enforce-eager", "--max-num-seqs", "1"]
-    (fleet.inventory / "host_vars" / "lab1.yml").write_text(
+    (fleet.inventory / "host_vars" / f"{SN_HOST}.yml").write_text(
         f"vllm_service_extra_args: {json.dumps(args)}\n"
     )
-    before = fleet.on("lab1", "readlink /opt/socketwise/releases/current")
+    before = fleet.on(SN_HOST, "readlink /opt/socketwise/releases/current")
     try:
         done, seconds = fleet.run(
-            "rollout.yml", "--limit", "lab1", "-e", f"rollout_gate_tolerance={GATE_TOLERANCE}"
+            "rollout.yml", "--limit", SN_HOST, "-e", f"rollout_gate_tolerance={GATE_TOLERANCE}"
         )
     finally:
-        (fleet.inventory / "host_vars" / "lab1.yml").unlink()
-    print(f"\ngated canary of lab1, refused and rolled back: {seconds:.0f} s")
+        (fleet.inventory / "host_vars" / f"{SN_HOST}.yml").unlink()
+    print(f"\ngated canary of {SN_HOST}, refused and rolled back: {seconds:.0f} s")
     return done, fleet.summary(), before
 
 
@@ -277,9 +281,9 @@ def test_a_rollout_that_changes_nothing_touches_nothing(noop):
         assert after[host] == before[host], host
         assert summary[host]["reason"] == "nothing to change"
     assert done.recap(DOOR)["changed"] == 0
-    # rollout_batch [1, 2]: lab1 alone, then the rest (lab2).
+    # rollout_batch [1, 2]: SN_HOST alone, then the rest (DP_HOST).
     assert {host: summary[host]["batch"] for host in SERVING} == {
-        "lab1": ["lab1"], "lab2": ["lab2"]
+        SN_HOST: [SN_HOST], DP_HOST: [DP_HOST]
     }  # fmt: skip
 
 
@@ -318,30 +322,30 @@ def test_a_rolling_update_under_load_loses_no_request(rolled):
 
 
 def test_a_host_with_two_replicas_restarts_them_one_at_a_time(fleet, rolled):
-    restarts = rolled[3]["lab2"]["gate"]["instance_restarts"]
+    restarts = rolled[3][DP_HOST]["gate"]["instance_restarts"]
     assert [r["instance"] for r in restarts] == list(REPLICAS)
     first, second = restarts
     assert second["left"] >= first["back"], restarts
     # systemd's own record agrees: the second replica's process started only after the
     # first was serving and back in the host's front door.
     first_started, second_started = (
-        fleet.started_at("lab2", f"socketwise-{name}.service") for name in REPLICAS
+        fleet.started_at(DP_HOST, f"socketwise-{name}.service") for name in REPLICAS
     )
     # (systemd's record has whole seconds: a start in the second the replica left counts.)
     assert math.floor(first["left"]) <= first_started < first["back"] <= second_started, restarts
 
 
 def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, rolled):
-    release = json.loads(fleet.on("lab1", "cat /opt/socketwise/releases/current/release.json"))
-    previous = json.loads(fleet.on("lab1", "cat /opt/socketwise/releases/previous/release.json"))
+    release = json.loads(fleet.on(SN_HOST, "cat /opt/socketwise/releases/current/release.json"))
+    previous = json.loads(fleet.on(SN_HOST, "cat /opt/socketwise/releases/previous/release.json"))
     assert release["model"] != previous["model"] and release["model_revision"]
     # Each argument is one quoted word on a line of the unit.
     unit = f"/etc/systemd/system/{VLLM_UNIT}"
-    assert '"64"' in fleet.on("lab1", f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
+    assert '"64"' in fleet.on(SN_HOST, f"grep -A1 -F '\"--max-num-seqs\"' {unit}")
     # ... and the instance runs it: it was restarted since the no-op rollout.
-    assert fleet.footprint("lab1")["started"] != noop[3]["lab1"]["started"]
+    assert fleet.footprint(SN_HOST)["started"] != noop[3][SN_HOST]["started"]
     # The release before stays, with what it ran, until the next one is proven.
-    fleet.on("lab1", f"test -d {previous['venv']} && test -d {previous['model']}")
+    fleet.on(SN_HOST, f"test -d {previous['venv']} && test -d {previous['model']}")
 
 
 def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched(
@@ -349,26 +353,28 @@ def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched
 ):
     done, load, before, summary = failed_rollout
     assert done.returncode != 0
-    assert "lab1: rollout failed at step activate" in done.output
+    assert f"{SN_HOST}: rollout failed at step activate" in done.output
     assert "unrecognized arguments: --no-such-flag" in done.output
     assert load["failed"] == 0
-    assert summary["lab1"]["rolled_back"] and summary["lab1"]["failed_step"] == "activate"
-    assert summary["lab1"]["release_after"] == summary["lab1"]["release_before"] == before["lab1"]
-    assert "lab2" not in summary
-    assert fleet.footprint("lab2") == before["lab2"]
+    assert summary[SN_HOST]["rolled_back"] and summary[SN_HOST]["failed_step"] == "activate"
+    assert (
+        summary[SN_HOST]["release_after"] == summary[SN_HOST]["release_before"] == before[SN_HOST]
+    )
+    assert DP_HOST not in summary
+    assert fleet.footprint(DP_HOST) == before[DP_HOST]
     key = api_key_path().read_text().strip()
-    assert frontdoor.completion_tokens(fleet.machines["lab1"].address, FLEET_PORT, key) > 0
+    assert frontdoor.completion_tokens(fleet.machines[SN_HOST].address, FLEET_PORT, key) > 0
     # Serving there: UP, or UP with a check just missed on the busy lab ("UP 1/2").
-    assert fleet.fleet_servers()["lab1"]["status"].startswith("UP")
+    assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
 
 
 def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet, gated_canary):
     done, summary, before = gated_canary
-    entry = summary["lab1"]
+    entry = summary[SN_HOST]
     bench = entry["gate"]["bench"]
-    print(f"\nlab1 gate: before {bench['before']}, after {bench['after']}")
+    print(f"\n{SN_HOST} gate: before {bench['before']}, after {bench['after']}")
     assert done.returncode != 0
-    assert "lab1: rollout failed at step gate" in done.output
+    assert f"{SN_HOST}: rollout failed at step gate" in done.output
     assert f"outside rollout_gate_tolerance={GATE_TOLERANCE}" in done.output
     # The serving release had no figures (deploy.yml measures none): it was measured
     # first, drained, with the same benchmark.
@@ -381,20 +387,20 @@ def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet,
     assert any(problem.startswith("TTFT p99") for problem in bench["problems"]), bench
     assert entry["rolled_back"] and entry["release_after"] == entry["release_before"] == before
     key = api_key_path().read_text().strip()
-    assert frontdoor.completion_tokens(fleet.machines["lab1"].address, FLEET_PORT, key) > 0
-    assert fleet.fleet_servers()["lab1"]["status"].startswith("UP")
+    assert frontdoor.completion_tokens(fleet.machines[SN_HOST].address, FLEET_PORT, key) > 0
+    assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
 
 
 def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, gated_canary):
     load = Load(fleet, "kill-load")
     try:
         time.sleep(20)
-        in_flight = int(fleet.fleet_servers()["lab1"]["scur"])
+        in_flight = int(fleet.fleet_servers()[SN_HOST]["scur"])
         killed = time.monotonic()
-        fleet.on("lab1", f"kill -9 $(systemctl show -p MainPID --value {VLLM_UNIT})")
+        fleet.on(SN_HOST, f"kill -9 $(systemctl show -p MainPID --value {VLLM_UNIT})")
         went_down = back = None
         while time.monotonic() - killed < 300:
-            status = fleet.fleet_servers()["lab1"]["status"]
+            status = fleet.fleet_servers()[SN_HOST]["status"]
             went_down = went_down or (status.startswith("DOWN") or None)
             if went_down and status == "UP":
                 back = round(time.monotonic() - killed)
@@ -403,11 +409,12 @@ def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, gated_canary)
     finally:
         result = load.finish()
     print(
-        f"\nkill -9 of lab1's vLLM under load: {in_flight} request(s) in flight, "
+        f"\nkill -9 of {SN_HOST}'s vLLM under load: {in_flight} request(s) in flight, "
         f"{result['failed']} failed of {result['sent']}, back in the fleet after {back} s"
     )
-    assert back is not None, "lab1 never came back in the fleet front door"
+    assert back is not None, f"{SN_HOST} never came back in the fleet front door"
     assert (
-        int(fleet.on("lab1", "systemctl show -p NRestarts --value socketwise-vllm-sn.service")) >= 1
+        int(fleet.on(SN_HOST, "systemctl show -p NRestarts --value socketwise-vllm-sn.service"))
+        >= 1
     )
     assert result["failed"] <= in_flight

@@ -1,7 +1,8 @@
-"""Real short sweeps on the lab: lab1 serves, lab2 (group socketwise_loadgen) generates
+"""Real short sweeps on a lab of its own (`sweep`, beside the other test worker's lab):
+sweep1 serves, sweep2 (group socketwise_loadgen) generates
 the load and serves nothing. First `socketwise sweep` with GuideLLM over plain vLLM (the
 baseline) and SN, calibrated, a few steps each, with progress per step, ending in a
-complete run directory that joins lab2's results with lab1's measurements and a report
+complete run directory that joins sweep2's results with sweep1's measurements and a report
 that reads the kit against plain vLLM; then, on the same machines, the adaptive mode with
 vLLM's own benchmark over SN and DP-2: brackets and one bisection round instead of a grid,
 and the report's SN/DP decision. DP-2 is measured once, by the adaptive run (each layout
@@ -32,11 +33,14 @@ from socketwise.plan.hwclass import isa_class
 from socketwise.report import analysis, render
 
 from .frontdoor import files_holding, key_places_on_host
-from .labs import eager_inventory, fresh_lab, run_on
+from .labs import eager_inventory, fresh_lab, named_lab, run_on
 from .playbooks import run_playbook
 from .test_report import PNG_MAGIC, assert_renders
 
-pytestmark = pytest.mark.lab
+# Its own lab: the suite's two workers (pytest-xdist) run it beside the `lab` lab's modules.
+LAB = "sweep"
+SERVED, LOADGEN = f"{LAB}1", f"{LAB}2"
+pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(LAB)]
 
 LAYOUTS = ("baseline", "sn")
 BIN = Path(sys.executable).parent
@@ -57,8 +61,12 @@ class Grid:
 
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory) -> Iterator[Lab]:
-    """lab1 serves, lab2 loads it; the inventory `lab up` wrote, vLLM in eager mode."""
-    with fresh_lab(machines=2, loadgen=1, preinstalled=True) as (served, loadgen):
+    """sweep1 serves, sweep2 loads it; the inventory `lab up` wrote, vLLM in eager mode."""
+    with (
+        named_lab(LAB),
+        fresh_lab(machines=2, loadgen=1, preinstalled=True) as (served, loadgen),
+    ):
+        assert (served.name, loadgen.name) == (SERVED, LOADGEN)
         yield Lab(eager_inventory(tmp_path_factory.mktemp("inventory")), served, loadgen)
 
 
@@ -86,7 +94,8 @@ def run_dir(grid) -> Path:
 @pytest.fixture(scope="module")
 def adaptive_run(machines, grid, tmp_path_factory) -> Path:
     """After the grid (it starts from the grid's restored SN), with vLLM's benchmark;
-    the lab goes down after it, so it leaves DP (restoring is the grid's test)."""
+    the lab goes down after it, so it leaves DP (restoring is the grid's test): only the
+    module's last tests ask for it, after every test of the grid's lab."""
     profile = Profile(
         input_len=64, output_len=32, step_seconds=4, min_prompts=4, calibration_prompts=16
     )
@@ -109,7 +118,7 @@ def test_summary_has_every_step_of_every_layout(run_dir):
 
 def test_run_directory_discloses_what_was_measured(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    host = manifest["hosts"]["lab1"]
+    host = manifest["hosts"][SERVED]
     assert host["vllm_version"] == "0.32.0"
     # What ran, as the server loaded it: the build class of the machine's own CPU.
     built = host["build"]
@@ -123,7 +132,7 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     assert manifest["calibration"]["max_request_rate"] > 0
     assert "vLLM's own defaults" in manifest["baseline"]
     for layout in LAYOUTS:
-        results = run_dir / "hosts" / "lab1" / layout / "sweep"
+        results = run_dir / "hosts" / SERVED / layout / "sweep"
         assert (results / "idle.json").exists()
         assert (
             "Started" in (results / "journal.txt").read_text()
@@ -131,11 +140,11 @@ def test_run_directory_discloses_what_was_measured(run_dir):
         )
         assert "task" in (results / "placement.txt").read_text()
         assert (results / "c1" / "metrics.jsonl").read_text().strip()
-        assert (run_dir / "artifacts" / layout / "lab1" / "plan.json").exists()
+        assert (run_dir / "artifacts" / layout / SERVED / "plan.json").exists()
 
 
 def _deployed(run_dir: Path, layout: str) -> dict:
-    return json.loads((run_dir / "artifacts" / layout / "lab1" / "deploy-summary.json").read_text())
+    return json.loads((run_dir / "artifacts" / layout / SERVED / "deploy-summary.json").read_text())
 
 
 def _workers(deployed: dict) -> list[list[int]]:
@@ -163,7 +172,7 @@ def test_every_layout_is_measured_warm(run_dir):
     # The first step after each deploy sends warm-up requests it leaves out: the first
     # layout's calibration, then each later layout's first measured step.
     def step(layout: str, batch: str, name: str) -> dict:
-        path = run_dir / "hosts" / "lab1" / layout / batch / name / "step.json"
+        path = run_dir / "hosts" / SERVED / layout / batch / name / "step.json"
         return json.loads(path.read_text())
 
     assert step("baseline", "calibration", "max")["warmups"] == 4
@@ -189,22 +198,13 @@ def test_the_report_of_the_run_reads_the_kit_against_plain_vllm(run_dir):
     assert all("baseline_as_good_at" in r for r in decisions["recommendation"])
 
 
-def test_the_report_of_the_adaptive_run_decides_between_sn_and_dp(adaptive_run, tmp_path):
-    decisions = analysis.analyse(adaptive_run)
-    assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
-    assert decisions["recommendation"], decisions
-    assert {r["layout"] for r in decisions["recommendation"]} <= {"sn", "dp"}
-    _, page = render.write(adaptive_run)
-    assert_renders(page, tmp_path, min_images=1)
-
-
 def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
     with (run_dir / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert {r["host"] for r in rows} == {machines.served.name}  # lab2 serves nothing
+    assert {r["host"] for r in rows} == {machines.served.name}  # the load generator serves nothing
     for layout in LAYOUTS:
         assert all(r["failed"] == "0" for r in rows if r["layout"] == layout)
-        steps = list((run_dir / "hosts" / "lab1" / layout / "sweep").glob("*/step.json"))
+        steps = list((run_dir / "hosts" / SERVED / layout / "sweep").glob("*/step.json"))
         assert len(steps) == 3
         for step in steps:
             record = json.loads(step.read_text())
@@ -218,14 +218,14 @@ def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["load_generator"].startswith("guidellm")
     assert "socketwise_loadgen" in manifest["measured_boundary"]
-    assert manifest["hosts"]["lab1"]["load_generator_host"] == machines.loadgen.name
+    assert manifest["hosts"][SERVED]["load_generator_host"] == machines.loadgen.name
 
 
 def test_the_load_came_from_the_load_generator(machines, grid):
     served, loadgen = machines.served, machines.loadgen
-    # The last batch (SN's sweep) ran its GuideLLM steps on lab2, not on lab1.
-    assert "c1" in run_on(loadgen, "ls /var/lib/socketwise/bench-load/lab1").split()
-    assert run_on(loadgen, "ls /var/lib/socketwise/bench-load/lab1/c1").count("guidellm.json")
+    # The last batch (SN's sweep) ran its GuideLLM steps on the load generator.
+    assert "c1" in run_on(loadgen, f"ls /var/lib/socketwise/bench-load/{SERVED}").split()
+    assert run_on(loadgen, f"ls /var/lib/socketwise/bench-load/{SERVED}/c1").count("guidellm.json")
     assert run_on(served, "ls /var/lib/socketwise/bench-load || echo absent") == "absent"
     assert run_on(loadgen, "systemctl list-units --plain --no-legend 'socketwise-*'") == ""
     assert run_on(served, "test -e /opt/socketwise/guidellm || echo absent") == "absent"
@@ -238,7 +238,7 @@ def test_the_load_came_from_the_load_generator(machines, grid):
 
 def test_progress_moves_with_every_step_and_gives_an_eta(grid):
     finished = re.findall(
-        r"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: \w+: lab1 (\S+) done", grid.stdout
+        rf"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: \w+: {SERVED} (\S+) done", grid.stdout
     )
     # Calibration, then c1 and two rates on each layout.
     total = 1 + 3 * len(LAYOUTS)
@@ -261,11 +261,12 @@ def test_a_load_generator_outside_the_group_is_refused_before_any_load(machines,
     spec_time = "stat -c %Y /var/lib/socketwise/bench/spec.json"
     before = run_on(machines.served, spec_time)
     run = run_playbook(
-        "playbooks/bench.yml", "-i", str(machines.inventory), "-e", "benchmark_loadgen=lab9"
+        "playbooks/bench.yml", "-i", str(machines.inventory), "-e", f"benchmark_loadgen={LAB}9"
     )
-    assert run.returncode != 0 and run.recap("lab1")["failed"] == 1
-    assert "lab1: benchmark_loadgen=lab9 is not a host of the group socketwise_loadgen" in " ".join(
-        run.output.split()
+    assert run.returncode != 0 and run.recap(SERVED)["failed"] == 1
+    assert (
+        f"{SERVED}: benchmark_loadgen={LAB}9 is not a host of the group socketwise_loadgen"
+        in " ".join(run.output.split())
     )
     # The last run's results on the served host are untouched.
     assert run_on(machines.served, spec_time) == before
@@ -295,4 +296,13 @@ def test_adaptive_measures_brackets_and_the_bisection_midpoint_on_both_layouts(a
         assert sorted((r["concurrency"], r["rate"]) for r in mine) == sorted(
             [("1", ""), ("", str(round_1["rate"]))]
         )
-    assert (adaptive_run / "hosts" / "lab1" / "dp" / "round-1").is_dir()
+    assert (adaptive_run / "hosts" / SERVED / "dp" / "round-1").is_dir()
+
+
+def test_the_report_of_the_adaptive_run_decides_between_sn_and_dp(adaptive_run, tmp_path):
+    decisions = analysis.analyse(adaptive_run)
+    assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
+    assert decisions["recommendation"], decisions
+    assert {r["layout"] for r in decisions["recommendation"]} <= {"sn", "dp"}
+    _, page = render.write(adaptive_run)
+    assert_renders(page, tmp_path, min_images=1)
