@@ -1,6 +1,7 @@
-"""A cluster of lab machines for the cluster lab modules: its inventory (lab1 heads
-cluster `a`), deploy.yml on some of its machines, and what a user reads from it: a
-completion through the front door and the front door's view of the head."""
+"""A cluster of lab machines for the cluster lab modules, in a lab of their own (`cluster`,
+beside the other test worker's lab): its inventory (cluster1 heads cluster `a`),
+deploy.yml on some of its machines, and what a user reads from it: a completion through
+the front door and the front door's view of the head."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from socketwise.lab import machines as lab
-from socketwise.lab.common import api_key_path
+from socketwise.lab.common import api_key_path, default_inventory_dir
 
 from . import frontdoor
-from .labs import fresh_lab, run_on
+from .labs import fresh_lab, named_lab, run_on
 from .playbooks import REPO, PlaybookRun, run_playbook
 
-HEAD, PORT, API_PORT, RPC_PORT = "lab1", 8000, 8001, 50052
+LAB = "cluster"
+HEAD, PORT, API_PORT, RPC_PORT = f"{LAB}1", 8000, 8001, 50052
 HEAD_UNIT, LB_UNIT = "socketwise-llamacpp.service", "socketwise-cluster-lb.service"
 RPC_UNIT = "socketwise-rpc-node0.service"
 GREEDY = {"model": "tiny-llama", "prompt": "socketwise says hello", "max_tokens": 12,
@@ -35,14 +37,12 @@ class Cluster:
     extra_vars: str = ""  # more YAML lines of cluster `a`'s vars
 
     def inventory(self, members: list[str]) -> Path:
-        """The lab inventory with MEMBERS in cluster `a`, headed by lab1."""
-        committed = REPO / "inventories" / "lab"
+        """The lab inventory with MEMBERS in cluster `a`, headed by cluster1."""
+        committed = REPO / "inventories" / "lab" / "group_vars" / "lab.yml"
         inventory = self.work / "inventory"
         (inventory / "group_vars").mkdir(parents=True, exist_ok=True)
-        (inventory / "group_vars" / "lab.yml").write_text(
-            (committed / "group_vars" / "lab.yml").read_text()
-        )
-        hosts = (committed / "hosts.yml").read_text() + (
+        (inventory / "group_vars" / "lab.yml").write_text(committed.read_text())
+        hosts = (default_inventory_dir() / "hosts.yml").read_text() + (
             "    cluster_a:\n      hosts:\n"
             + "".join(f"        {name}:\n" for name in members)
             + "      vars:\n        socketwise_cluster: a\n"
@@ -76,7 +76,7 @@ class Cluster:
         return self.machines[host].address
 
     def cluster_address(self, host: str) -> str:
-        """HOST's address on the cluster's network (the lab's backend address, 127.1.0.N)."""
+        """HOST's address on the cluster's network (the lab's backend address, 127.1.N.K)."""
         return self.address(host).replace("127.0.", "127.1.")
 
     def removed(self, members: list[str]) -> None:
@@ -122,7 +122,7 @@ class Cluster:
 @contextmanager
 def lab_cluster(tmp_path_factory, preinstalled: bool = False, **options) -> Iterator[Cluster]:
     """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars)."""
-    with fresh_lab(machines=3, preinstalled=preinstalled) as machines:
+    with named_lab(LAB), fresh_lab(machines=3, preinstalled=preinstalled) as machines:
         yield Cluster(
             {m.name: m for m in machines},
             tmp_path_factory.mktemp("cluster"),

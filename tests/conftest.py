@@ -1,4 +1,5 @@
-"""Shared fixtures: fake hosts from tests/machines.py, built in a fresh tmp dir."""
+"""Shared fixtures: fake hosts from tests/machines.py, built in a fresh tmp dir; and how
+the suite's two workers (README: `pytest -n 2`, pytest-xdist) share the lab modules."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -6,6 +7,45 @@ from pathlib import Path
 import pytest
 
 from .machines import build_machine
+
+# The lab whose machines each `lab` module boots (None: it boots none). Two modules of
+# one lab at once would boot the same machines, so a lab's modules run on one worker, one
+# after another, beside another lab's on the other worker; a lab module missing here
+# stops the run before any test.
+LAB_OF = {
+    "test_cluster_lab.py": "cluster",
+    "test_cluster_vllm_lab.py": "cluster",
+    "test_deploy_lab.py": "lab",
+    "test_lab.py": "lab",
+    "test_molecule.py": "molecule",
+    "test_rollout_lab.py": "rollout",
+    "test_sweep_lab.py": "sweep",
+    "test_tinymodel.py": None,
+    "test_tuning_lab.py": "tune",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("lab") and item.path.name not in LAB_OF:
+            raise pytest.UsageError(
+                f"{item.path.name}: a lab module that tests/conftest.py's LAB_OF does not "
+                "name; add it with the lab its machines belong to"
+            )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with a lab as the scope of its modules (every other test
+    its own). Scopes go out largest first: the lab modules start at once, the quick tests
+    fill the gaps."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerPerLab(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return LAB_OF.get(Path(nodeid.split("::", 1)[0]).name) or nodeid
+
+    return OneWorkerPerLab(config, log)
 
 
 @pytest.fixture

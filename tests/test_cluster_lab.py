@@ -2,8 +2,8 @@
 `socketwise_cluster` group, on two machines and then three, behind the head's front door.
 
 One lab of three machines for the module, and the stages build on each other: two hosts
-(lab1 the head, lab2 a worker), then lab3 joins, then workers fail. What is asserted is
-what a user of a cluster sees: a real completion through the front door, the same greedy
+(cluster1 the head, cluster2 a worker), then cluster3 joins, then workers fail. What is
+asserted is what a user of a cluster sees: a real completion through the front door, the same greedy
 answer whatever the number of hosts, every RPC server holding layers and running where
 the plan put it with the planned thread count, nothing but the front door on a public
 address, the key nowhere but its root-only files, and an endpoint that goes down with a
@@ -33,7 +33,7 @@ from .clusters import (
 )
 from .playbooks import BIN, REPO, PlaybookRun
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
+pytestmark = pytest.mark.lab
 
 
 def buffers_mib(cluster: Cluster) -> dict[str, float]:
@@ -73,16 +73,16 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def two_hosts(cluster: Cluster) -> PlaybookRun:
-    return cluster.deployed(["lab1", "lab2"])
+    return cluster.deployed(["cluster1", "cluster2"])
 
 
 def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
-    lab3 = cluster.machines["lab3"]
-    before = cluster.on("lab3", "ls /etc/systemd/system; ls /opt")
-    alone = ["-e", "socketwise_cluster_head=lab3"]  # a cluster of lab3 alone
+    cluster3 = cluster.machines["cluster3"]
+    before = cluster.on("cluster3", "ls /etc/systemd/system; ls /opt")
+    alone = ["-e", "socketwise_cluster_head=cluster3"]  # a cluster of cluster3 alone
     cases = [
-        (["-e", "socketwise_cluster_head=lab9"],
-         "socketwise_cluster_head=lab9: cluster a has no such host"),
+        (["-e", "socketwise_cluster_head=cluster9"],
+         "socketwise_cluster_head=cluster9: cluster a has no such host"),
         ([*alone, "-e", "cluster_address=8.8.8.8"],
          "cluster_address='8.8.8.8': is not allowed here"),
         ([*alone, "-e", "socketwise_engine=sglang"],
@@ -94,73 +94,76 @@ def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
          "cluster_rpc_port=70000: rpc port 70000 is not in"),
     ]  # fmt: skip
     for extra, said in cases:
-        done = cluster.deploy(["lab3"], *extra)
+        done = cluster.deploy(["cluster3"], *extra)
         assert done.returncode != 0, extra
         assert said in done.output, (extra, done.output[-2000:])
-    assert cluster.on("lab3", "ls /etc/systemd/system; ls /opt") == before
-    assert not frontdoor.answers(lab3.address, PORT)
+    assert cluster.on("cluster3", "ls /etc/systemd/system; ls /opt") == before
+    assert not frontdoor.answers(cluster3.address, PORT)
 
 
 def test_two_hosts_serve_one_model_through_the_front_door(cluster: Cluster, two_hosts):
     status, answer = cluster.completion()
     assert status == 200, answer
     assert answer["usage"]["completion_tokens"] == GREEDY["max_tokens"]
-    # The head keeps two layers, lab2's RPC server the other two (and the output layer).
+    # The head keeps two layers, cluster2's RPC server the other two (and the output layer).
     plan = cluster.summary()["plan"]
-    assert [(h["host"], h["layers"]["count"]) for h in plan["hosts"]] == [("lab1", 2), ("lab2", 2)]
-    endpoint = f"{cluster.cluster_address('lab2')}:{RPC_PORT}"
+    assert [(h["host"], h["layers"]["count"]) for h in plan["hosts"]] == [
+        ("cluster1", 2),
+        ("cluster2", 2),
+    ]
+    endpoint = f"{cluster.cluster_address('cluster2')}:{RPC_PORT}"
     assert cluster.summary()["rpc"] == [endpoint]
     # The head holds a connection to the worker's RPC server (the deploy's own check).
     assert cluster.summary()["connections"][endpoint]
-    unit = cluster.on("lab1", f"cat /etc/systemd/system/{HEAD_UNIT}")
+    unit = cluster.on("cluster1", f"cat /etc/systemd/system/{HEAD_UNIT}")
     assert f"--rpc {endpoint}" in unit and "--n-gpu-layers 3" in unit
 
 
 def test_every_server_runs_where_planned_with_the_planned_threads(cluster: Cluster, two_hosts):
     summary = cluster.summary()
     worker = summary["plan"]["hosts"][1]["rpc_servers"][0]
-    (rpc,) = summary["hosts"]["lab2"]
+    (rpc,) = summary["hosts"]["cluster2"]
     assert rpc["unit"] == RPC_UNIT
     argv = rpc["argv"]
     # One thread per physical core of the node: the plan's count, given explicitly.
     assert argv[argv.index("--threads") + 1] == str(worker["threads"]) == "2"
     for process in rpc["processes"]:
         assert process["thread_cpus"] == worker["cpus"]
-    (head,) = summary["hosts"]["lab1"]
+    (head,) = summary["hosts"]["cluster1"]
     for process in head["processes"]:
         assert process["thread_cpus"] == summary["plan"]["hosts"][0]["stage"]["cpus_allowed"]
     # Read again on the host, not from the kit's own report.
-    pid = cluster.on("lab2", f"systemctl show -p MainPID --value {RPC_UNIT}")
-    allowed = cluster.on("lab2", f"grep Cpus_allowed_list /proc/{pid}/task/*/status | sort -u")
+    pid = cluster.on("cluster2", f"systemctl show -p MainPID --value {RPC_UNIT}")
+    allowed = cluster.on("cluster2", f"grep Cpus_allowed_list /proc/{pid}/task/*/status | sort -u")
     assert {line.split()[-1] for line in allowed.splitlines()} == {"0-1"}
 
 
 def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: Cluster, two_hosts):
     assert frontdoor.answers(cluster.address(HEAD), PORT)
     assert not frontdoor.answers(cluster.address(HEAD), API_PORT)
-    assert not frontdoor.answers(cluster.address("lab2"), RPC_PORT)
+    assert not frontdoor.answers(cluster.address("cluster2"), RPC_PORT)
     status, _ = frontdoor.call(cluster.address(HEAD), PORT, "/v1/completions", None, GREEDY)
     assert status == 401
     status, _ = frontdoor.call(cluster.address(HEAD), PORT, "/slots", cluster.key)
     assert status == 403
-    for host in ("lab1", "lab2"):
+    for host in ("cluster1", "cluster2"):
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
 
 
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
-    started = cluster.on("lab1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}")
-    done = cluster.deploy(["lab1", "lab2"])
+    started = cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}")
+    done = cluster.deploy(["cluster1", "cluster2"])
     assert done.returncode == 0, done.output[-3000:]
-    assert done.recap("lab1")["changed"] == 0 and done.recap("lab2")["changed"] == 0
-    assert cluster.on("lab1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}") == started
+    assert done.recap("cluster1")["changed"] == 0 and done.recap("cluster2")["changed"] == 0
+    assert cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}") == started
 
 
 def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
     _, on_two = cluster.completion()
-    cluster.deployed(["lab1", "lab2", "lab3"])
+    cluster.deployed(["cluster1", "cluster2", "cluster3"])
     summary = cluster.summary()
     assert [(h["host"], h["layers"]["count"]) for h in summary["plan"]["hosts"]] == [
-        ("lab1", 2), ("lab2", 1), ("lab3", 1)
+        ("cluster1", 2), ("cluster2", 1), ("cluster3", 1)
     ]  # fmt: skip
     # One layer on each worker, the output layer with the last: neither holds both layers.
     assert all(summary["connections"][endpoint] for endpoint in summary["rpc"])
@@ -178,32 +181,32 @@ def test_a_dead_worker_takes_the_endpoint_down_and_its_return_brings_it_back(
 ):
     # (HAProxy says "UP 1/2" while a check of the last deploy's restart still counts.)
     cluster.wait_for("front door marks the head UP", lambda: cluster.door_status() == "UP")
-    cluster.on("lab3", f"systemctl stop {RPC_UNIT}")
+    cluster.on("cluster3", f"systemctl stop {RPC_UNIT}")
     down = cluster.wait_for(
         "front door marks the head DOWN", lambda: cluster.door_status().startswith("DOWN")
     )
     status, _ = cluster.completion()
     assert status == 503
     # The head waits for its worker instead of serving without it.
-    assert cluster.on("lab1", f"systemctl show -p SubState --value {HEAD_UNIT}") in (
+    assert cluster.on("cluster1", f"systemctl show -p SubState --value {HEAD_UNIT}") in (
         "start-pre", "auto-restart"
     )  # fmt: skip
-    cluster.on("lab3", f"systemctl start {RPC_UNIT}")
+    cluster.on("cluster3", f"systemctl start {RPC_UNIT}")
     back = cluster.wait_for("endpoint serves again", lambda: cluster.completion()[0] == 200)
     assert cluster.wait_for("front door marks it UP", lambda: cluster.door_status() == "UP") < 30
     print(f"down after {down:.0f} s, serving again {back:.0f} s after the worker's start")
 
 
 def test_a_killed_worker_comes_back_by_itself(cluster: Cluster, two_hosts):
-    restarts = int(cluster.on("lab1", f"systemctl show -p NRestarts --value {HEAD_UNIT}"))
-    cluster.on("lab2", f"systemctl kill --signal=SIGKILL {RPC_UNIT}")
+    restarts = int(cluster.on("cluster1", f"systemctl show -p NRestarts --value {HEAD_UNIT}"))
+    cluster.on("cluster2", f"systemctl kill --signal=SIGKILL {RPC_UNIT}")
     # systemd starts the RPC server again; the head's next request finds its tensors gone,
     # llama-server aborts, and its unit loads the model onto the new server.
     cluster.wait_for(
         "head restarted",
         lambda: (
             cluster.completion()[0] == 200
-            and int(cluster.on("lab1", f"systemctl show -p NRestarts --value {HEAD_UNIT}"))
+            and int(cluster.on("cluster1", f"systemctl show -p NRestarts --value {HEAD_UNIT}"))
             > restarts
         ),
         timeout=120,
@@ -216,7 +219,7 @@ def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
     cluster: Cluster, two_hosts
 ):
     run_dir = cluster.work / "hosts-run"
-    inventory = cluster.inventory(["lab1", "lab2", "lab3"])
+    inventory = cluster.inventory(["cluster1", "cluster2", "cluster3"])
     done = subprocess.run(
         [str(BIN / "socketwise"), "sweep", "-i", str(inventory), "--hosts", "1,2,3",
          "--concurrencies", "1", "--step-seconds", "5", "--input-len", "64",
@@ -241,7 +244,7 @@ def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
     assert decided["change"]["prefill_tok_s"] > 0 and decided["change"]["decode_tok_s"] > 0
     # Each count was planned over that many hosts.
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["cluster"]["members"] == ["lab1", "lab2", "lab3"]
+    assert manifest["cluster"]["members"] == ["cluster1", "cluster2", "cluster3"]
     planned = manifest["hosts"][HEAD]["layouts"]
     assert [len(planned[f"pp{n}"]["hosts"]) for n in (1, 2, 3)] == [1, 2, 3]
     report = (run_dir / "report.md").read_text()
@@ -255,8 +258,8 @@ def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
 
 
 def test_removing_the_cluster_stops_and_removes_every_server(cluster: Cluster, two_hosts):
-    members = ["lab1", "lab2", "lab3"]
+    members = ["cluster1", "cluster2", "cluster3"]
     cluster.removed(members)
     for host in members:
         assert cluster.on(host, "ls /etc/socketwise 2>/dev/null || true") == ""
-    assert not frontdoor.answers(cluster.cluster_address("lab2"), RPC_PORT)
+    assert not frontdoor.answers(cluster.cluster_address("cluster2"), RPC_PORT)

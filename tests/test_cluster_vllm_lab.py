@@ -2,7 +2,7 @@
 a `socketwise_cluster` group and `socketwise_engine: vllm`, on two machines and then three.
 
 One lab of three machines for the module; the stages build on each other (two hosts, then
-lab3 joins, then a follower dies). What is asserted is what a user of a cluster sees: a
+cluster3 joins, then a follower dies). What is asserted is what a user of a cluster sees: a
 real completion through the head's front door, the same greedy answer whatever the number
 of hosts, every stage on its planned CPUs with its planned layers, the rendezvous on the
 cluster's address and nothing but the front door on a public one, the key only in its
@@ -25,7 +25,7 @@ from . import frontdoor
 from .clusters import API_PORT, GREEDY, HEAD, PORT, Cluster, lab_cluster
 from .playbooks import PlaybookRun
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
+pytestmark = pytest.mark.lab
 
 STAGE_UNIT = "socketwise-pp-vllm.service"
 MASTER_PORT = 29501
@@ -61,19 +61,19 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def two_hosts(cluster: Cluster) -> PlaybookRun:
-    return cluster.deployed(["lab1", "lab2"])
+    return cluster.deployed(["cluster1", "cluster2"])
 
 
 def test_the_image_method_is_refused_before_any_host_changes(cluster: Cluster):
     cluster.extra_vars = LAB_VARS + "        vllm_install_method: image\n"
     try:
-        done = cluster.deploy(["lab1", "lab2"])
+        done = cluster.deploy(["cluster1", "cluster2"])
     finally:
         cluster.extra_vars = LAB_VARS
     assert done.returncode != 0
-    assert "lab1: vllm_install_method=image: a cluster runs vLLM from the venv; set " \
+    assert "cluster1: vllm_install_method=image: a cluster runs vLLM from the venv; set " \
         "vllm_install_method to venv" in done.output  # fmt: skip
-    for host in ("lab1", "lab2"):
+    for host in ("cluster1", "cluster2"):
         assert cluster.on(host, "ls /etc/systemd/system | grep -c '^socketwise-' || true") == "0"
 
 
@@ -84,14 +84,14 @@ def test_two_hosts_serve_one_model_through_the_front_door(cluster: Cluster, two_
     summary = cluster.summary()
     assert summary["engine"] == "vllm"
     plan = summary["plan"]
-    assert [(h["host"], h["rank"]) for h in plan["hosts"]] == [("lab1", 0), ("lab2", 1)]
+    assert [(h["host"], h["rank"]) for h in plan["hosts"]] == [("cluster1", 0), ("cluster2", 1)]
     assert plan["engine_settings"]["layer_partition"] == "2,2"
     # The follower holds its link to the head's rendezvous.
     rendezvous = f"{cluster.cluster_address(HEAD)}:{MASTER_PORT}"
-    assert summary["connections"][f"lab2 -> {rendezvous}"]
-    argv = {h: summary["hosts"][h][0]["argv"] for h in ("lab1", "lab2")}
-    assert "--headless" not in argv["lab1"] and "--headless" in argv["lab2"]
-    assert argv["lab2"][argv["lab2"].index("--node-rank") + 1] == "1"
+    assert summary["connections"][f"cluster2 -> {rendezvous}"]
+    argv = {h: summary["hosts"][h][0]["argv"] for h in ("cluster1", "cluster2")}
+    assert "--headless" not in argv["cluster1"] and "--headless" in argv["cluster2"]
+    assert argv["cluster2"][argv["cluster2"].index("--node-rank") + 1] == "1"
 
 
 def test_every_stage_runs_where_planned(cluster: Cluster, two_hosts):
@@ -121,7 +121,7 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
     head_address = cluster.cluster_address(HEAD)
     listening = cluster.on(HEAD, f"ss -Htln '( sport = :{MASTER_PORT} )'").split()
     assert f"{head_address}:{MASTER_PORT}" in listening, listening
-    for host in ("lab1", "lab2"):
+    for host in ("cluster1", "cluster2"):
         pids = set(stage_pids(cluster, host))
         for line in cluster.on(host, "ss -Htlnp").splitlines():
             if set(re.findall(r"pid=(\d+)", line)) & pids:
@@ -133,21 +133,21 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
 
 
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
-    started = {h: show(cluster, h, "ExecMainPID") for h in ("lab1", "lab2")}
-    done = cluster.deploy(["lab1", "lab2"])
+    started = {h: show(cluster, h, "ExecMainPID") for h in ("cluster1", "cluster2")}
+    done = cluster.deploy(["cluster1", "cluster2"])
     assert done.returncode == 0, done.output[-3000:]
-    assert done.recap("lab1")["changed"] == 0 and done.recap("lab2")["changed"] == 0
-    assert {h: show(cluster, h, "ExecMainPID") for h in ("lab1", "lab2")} == started
+    assert done.recap("cluster1")["changed"] == 0 and done.recap("cluster2")["changed"] == 0
+    assert {h: show(cluster, h, "ExecMainPID") for h in ("cluster1", "cluster2")} == started
 
 
 def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
     _, on_two = cluster.completion()
-    cluster.deployed(["lab1", "lab2", "lab3"])
+    cluster.deployed(["cluster1", "cluster2", "cluster3"])
     summary = cluster.summary()
     assert [(h["host"], h["layers"]["count"]) for h in summary["plan"]["hosts"]] == [
-        ("lab1", 2), ("lab2", 1), ("lab3", 1)
+        ("cluster1", 2), ("cluster2", 1), ("cluster3", 1)
     ]  # fmt: skip
-    assert "VLLM_PP_LAYER_PARTITION=2,1,1" in show(cluster, "lab3", "Environment")
+    assert "VLLM_PP_LAYER_PARTITION=2,1,1" in show(cluster, "cluster3", "Environment")
     assert all(summary["connections"].values()) and len(summary["connections"]) == 2
     status, on_three = cluster.completion()
     assert status == 200, on_three
@@ -179,19 +179,19 @@ def test_the_host_count_sweep_measures_prefill_and_decode_on_vllm(cluster: Clust
 
 def test_a_dead_follower_takes_the_endpoint_down_and_the_cluster_heals(cluster: Cluster, two_hosts):
     cluster.wait_for("front door marks the head UP", lambda: cluster.door_status() == "UP")
-    restarts = {h: int(show(cluster, h, "NRestarts")) for h in ("lab1", "lab2")}
+    restarts = {h: int(show(cluster, h, "NRestarts")) for h in ("cluster1", "cluster2")}
     _, before = cluster.completion()
-    cluster.on("lab3", f"systemctl kill --signal=SIGKILL {STAGE_UNIT}")
+    cluster.on("cluster3", f"systemctl kill --signal=SIGKILL {STAGE_UNIT}")
     down = cluster.wait_for(
         "front door marks the head DOWN", lambda: cluster.door_status().startswith("DOWN")
     )
     # Nobody touches the cluster: the head sees the follower leave its rendezvous and
-    # stops, lab2 sees the head's rendezvous go and stops, systemd starts all three, and
+    # stops, cluster2 sees the head's rendezvous go and stops, systemd starts all three, and
     # they find each other again.
     back = cluster.wait_for(
         "endpoint serves again", lambda: cluster.completion()[0] == 200, timeout=420
     )
-    after = {h: int(show(cluster, h, "NRestarts")) for h in ("lab1", "lab2")}
+    after = {h: int(show(cluster, h, "NRestarts")) for h in ("cluster1", "cluster2")}
     assert all(after[h] > restarts[h] for h in after), (restarts, after)
     status, answer = cluster.completion()
     assert status == 200 and answer["choices"][0]["text"] == before["choices"][0]["text"]
@@ -201,7 +201,7 @@ def test_a_dead_follower_takes_the_endpoint_down_and_the_cluster_heals(cluster: 
 
 
 def test_removing_the_cluster_stops_and_removes_every_stage(cluster: Cluster, two_hosts):
-    members = ["lab1", "lab2", "lab3"]
+    members = ["cluster1", "cluster2", "cluster3"]
     cluster.removed(members)
     for host in members:
         assert cluster.on(host, "pgrep -c -f '[V]LLM::|[s]ocketwise-vllm-rank' || true") == "0"

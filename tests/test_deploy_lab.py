@@ -39,7 +39,7 @@ from .labs import ZEN_ASIDE, fresh_lab, keep_installed, link_installed
 from .playbooks import PlaybookRun, run_playbook
 from .test_unitvalues import HOSTILE_ARG, HOSTILE_ENV, render_vllm_unit
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
+pytestmark = pytest.mark.lab
 
 HOST = "lab1"
 ADDRESS = "127.0.0.11"

@@ -25,7 +25,7 @@ import pytest
 from socketwise.common import paths
 from socketwise.lab import machines as lab
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("lab")]
+pytestmark = pytest.mark.lab
 
 # The ansible of the venv that runs the tests: the pinned controller tools.
 ANSIBLE_BIN = Path(sys.executable).parent

@@ -19,7 +19,7 @@ from socketwise.lab import machines as lab
 from .labs import KIT_HOME, LOADGEN_ONLY, link_installed
 from .playbooks import REPO
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("molecule")]
+pytestmark = pytest.mark.lab
 BIN = Path(sys.executable).parent
 SEQUENCE = yaml.safe_load((REPO / "molecule/default/molecule.yml").read_text())["scenario"][
     "test_sequence"

@@ -35,9 +35,9 @@ from . import frontdoor
 from .labs import eager_inventory, fresh_lab, named_lab, run_on
 from .playbooks import REPO, PlaybookRun, run_playbook
 
-# Its own lab: the suite's two workers (pytest-xdist) run it beside the `lab` lab's modules.
+# Its own lab (tests/conftest.py's LAB_OF): the suite's two workers run it beside another.
 LAB = "rollout"
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(LAB)]
+pytestmark = pytest.mark.lab
 
 # SN_HOST serves one instance, DP_HOST two replicas.
 SERVING = SN_HOST, DP_HOST = (f"{LAB}1", f"{LAB}2")

@@ -37,10 +37,10 @@ from .labs import eager_inventory, fresh_lab, named_lab, run_on
 from .playbooks import run_playbook
 from .test_report import PNG_MAGIC, assert_renders
 
-# Its own lab: the suite's two workers (pytest-xdist) run it beside the `lab` lab's modules.
+# Its own lab (tests/conftest.py's LAB_OF): the suite's two workers run it beside another.
 LAB = "sweep"
 SERVED, LOADGEN = f"{LAB}1", f"{LAB}2"
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group(LAB)]
+pytestmark = pytest.mark.lab
 
 LAYOUTS = ("baseline", "sn")
 BIN = Path(sys.executable).parent

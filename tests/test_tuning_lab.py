@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = [pytest.mark.lab, pytest.mark.xdist_group("tune")]
+pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
