@@ -37,13 +37,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with a lab as the scope of its modules (every other test
-    its own). Scopes go out largest first: the lab modules start at once, the quick tests
-    fill the gaps."""
+    its own). Scopes go out largest first, so the lab modules start at once; a worker gets
+    its next scope only at its last test (it runs a test once it holds the next), and a
+    worker still finishing a lab gets a quick test then, not the next lab: that lab goes
+    to whichever worker is done first, not to one whose last test may run ten minutes."""
     from xdist.scheduler import LoadScopeScheduling
+
+    labs = set(LAB_OF.values())
 
     class OneWorkerPerLab(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return LAB_OF.get(Path(nodeid.split("::", 1)[0]).name) or nodeid
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            work = self.assigned_work[node]
+            if self._pending_of(work) > 1:
+                return
+            scope = next(iter(self.workqueue))
+            if any(name in labs and not all(tests.values()) for name, tests in work.items()):
+                scope = next((name for name in self.workqueue if name not in labs), scope)
+            self.workqueue.move_to_end(scope, last=False)
+            self._assign_work_unit(node)
 
     return OneWorkerPerLab(config, log)
 

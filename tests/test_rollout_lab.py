@@ -1,6 +1,6 @@
 """Fleet rollout on a lab of its own (`rollout`, beside the other test worker's lab): two
-serving machines behind a fleet front door (a third), changed while vLLM's own benchmark
-sends load through that front door.
+serving machines behind a fleet front door (a third), changed under an open-loop load of
+completions through that front door.
 
 One deployment for the module (rollout1 with one instance, rollout2 with two replicas);
 each stage builds on the last: a rollout that changes nothing (in a ramp of batches), a
@@ -13,11 +13,10 @@ of 60 s (torch compile), which the rollout's logic does not depend on.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
-import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +28,6 @@ import pytest
 from socketwise.common import paths
 from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
-from socketwise.measure.benchrun import BENCH
 
 from . import frontdoor
 from .labs import eager_inventory, fresh_lab, named_lab, run_on
@@ -46,17 +44,16 @@ UNITS = "/etc/systemd/system/socketwise-*.service"
 VLLM_UNIT = "socketwise-vllm-sn.service"
 REPLICAS = ("vllm-dp0", "vllm-dp1")
 # The benchmark gate's tolerance in the canary stage. The lab's hosts share two cores,
-# and each run of the load tool spends seconds importing vLLM on them, so the gate is
-# proven without that load, against a release that serves one request at a time (on
+# and the gate's own benchmark spends seconds importing vLLM on them, so the gate is
+# proven without the load, against a release that serves one request at a time (on
 # 2026-11-25 it gave 0.56 of the previous release's output, which a tolerance of 0.5 let
 # through).
 GATE_TOLERANCE = 0.25
 FLEET_PORT = 8000
-# A rate a fleet missing one host carries on the lab's two cores, in runs of the tool that
-# overlap by more than its start-up.
+# A rate a fleet missing one host carries on the lab's two cores, and what each request
+# of that load asks for.
 LOAD_RATE = 0.5
-CHUNK_PROMPTS = 30
-CHUNK_EVERY = 40
+LOAD_REQUEST = {"model": "tiny-llama", "prompt": "socketwise rolls out", "max_tokens": 32}
 
 
 @dataclass
@@ -114,65 +111,56 @@ class Fleet:
 
 
 class Load:
-    """vLLM's benchmark through the fleet front door at a fixed rate, for as long as it
-    takes: runs of CHUNK_PROMPTS requests, a new one every CHUNK_EVERY seconds, so each
-    starts sending before the last one stops and there is no gap. Every figure is the
-    tool's own, summed over its runs."""
+    """Open-loop load through the fleet front door for as long as it takes: a completion
+    every 1/LOAD_RATE seconds, each on a thread of its own (a slow answer never delays the
+    next send), from before a change starts until after it ends. A request fails when the
+    front door answers other than 200, or not at all."""
 
-    def __init__(self, fleet: Fleet, name: str):
-        self.fleet, self.name = fleet, name
-        self.runs: list[dict] = []
+    def __init__(self, fleet: Fleet):
+        self.address = fleet.machines[DOOR].address
+        self.key = api_key_path().read_text().strip()
+        self.sends: list[float] = []
+        self.answered: list[bool] = []
+        self.requests: list[threading.Thread] = []
+        self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.launcher = threading.Thread(target=self._launch, daemon=True)
         self.launcher.start()
 
     def _launch(self) -> None:
         while not self.stopping.is_set():
-            self.runs.append(self._run(len(self.runs)))
-            self.stopping.wait(CHUNK_EVERY)
+            self.sends.append(time.time())
+            request = threading.Thread(target=self._request, daemon=True)
+            request.start()
+            self.requests.append(request)
+            self.stopping.wait(1 / LOAD_RATE)
 
-    def _run(self, index: int) -> dict:
-        cache = paths.cache_dir()
-        result = self.fleet.work / f"{self.name}-{index}.json"
-        process = subprocess.Popen(
-            [str(cache / "vllm-venv" / "bin" / "python"), "-c", BENCH,
-             "--backend", "vllm",
-             "--base-url", f"http://{self.fleet.machines[DOOR].address}:{FLEET_PORT}",
-             "--endpoint", "/v1/completions", "--model", "tiny-llama",
-             "--tokenizer", str(cache / "models" / "tiny-llama"), "--dataset-name", "random",
-             "--random-input-len", "32", "--random-output-len", "32",
-             "--num-prompts", str(CHUNK_PROMPTS), "--request-rate", str(LOAD_RATE),
-             "--seed", str(index), "--save-result", "--result-dir", str(self.fleet.work),
-             "--result-filename", result.name],
-            cwd=self.fleet.work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "OPENAI_API_KEY": api_key_path().read_text().strip()},
-        )  # fmt: skip
-        run = {"process": process, "result": result, "output": "", "ended": 0.0}
-
-        def watch() -> None:
-            run["output"] = process.communicate()[0]
-            run["ended"] = time.time()
-
-        run["watcher"] = threading.Thread(target=watch, daemon=True)
-        run["watcher"].start()
-        return run
+    def _request(self) -> None:
+        try:
+            status, _ = frontdoor.call(
+                self.address, FLEET_PORT, "/v1/completions", self.key, LOAD_REQUEST
+            )
+        except (OSError, http.client.HTTPException):
+            status = 0
+        with self.lock:
+            self.answered.append(status == 200)
 
     def finish(self) -> dict:
-        """sent, completed, failed, and `windows`: when each run was sending, as epoch
-        seconds (its own benchmark duration, back from when it exited)."""
+        """sent, completed, failed, and `windows`: when the load ran, as epoch seconds (one
+        window, from its first send until it was stopped)."""
+        stopped = time.time()
         self.stopping.set()
         self.launcher.join()
-        totals = {"sent": 0, "completed": 0, "failed": 0, "windows": []}
-        for run in self.runs:
-            run["watcher"].join(timeout=600)
-            assert run["process"].returncode == 0, run["output"][-3000:]
-            result = json.loads(run["result"].read_text())
-            totals["sent"] += result["num_prompts"]
-            totals["completed"] += result["completed"]
-            totals["failed"] += result["failed"]
-            totals["windows"].append((run["ended"] - result["duration"], run["ended"]))
-        assert totals["completed"] + totals["failed"] == totals["sent"]
-        return totals
+        for request in self.requests:
+            request.join(timeout=120)
+        assert len(self.answered) == len(self.sends), "a request of the load never returned"
+        completed = sum(self.answered)
+        return {
+            "sent": len(self.sends),
+            "completed": completed,
+            "failed": len(self.sends) - completed,
+            "windows": [(self.sends[0], stopped)],
+        }
 
 
 def covered(windows: list[tuple[float, float]], until: float) -> bool:
@@ -187,15 +175,15 @@ def covered(windows: list[tuple[float, float]], until: float) -> bool:
 
 def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRun, float, dict]:
     """rollout.yml while the load runs (sending before the rollout starts)."""
-    load = Load(fleet, what.split()[0])
-    time.sleep(15)
+    load = Load(fleet)
+    time.sleep(5)
     try:
         done, seconds = fleet.run("rollout.yml", *extra)
     finally:
         result = load.finish()
     print(
         f"\n{what} under load: {seconds:.0f} s; load sent {result['sent']}, "
-        f"failed {result['failed']} ({len(result['windows'])} runs of the tool)"
+        f"failed {result['failed']}"
     )
     return done, seconds, result
 
@@ -392,7 +380,7 @@ def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet,
 
 
 def test_a_killed_vllm_costs_at_most_its_requests_in_flight(fleet, gated_canary):
-    load = Load(fleet, "kill-load")
+    load = Load(fleet)
     try:
         time.sleep(20)
         in_flight = int(fleet.fleet_servers()[SN_HOST]["scur"])
