@@ -55,3 +55,22 @@ def test_sizes_share_the_tokenizer_and_generate_byte_identical(tmp_path: Path) -
         assert half["files"][name]["sha256"] == tiny["files"][name]["sha256"], name
     config = json.loads((tmp_path / "half" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"]) == (2048, 5)
+
+
+@pytest.mark.lab
+def test_two_builds_at_once_build_the_model_once(tmp_path: Path) -> None:
+    # Two deploys from one controller (or two test workers) ask for the model together.
+    python = paths.cache_dir() / "vllm-venv" / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no model-building venv at {python}: a lab deploy (test_deploy_lab) makes it")
+    argv = [str(python), "-m", "socketwise.lab.tinymodel", str(tmp_path / "model")]
+    builds = [
+        subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for _ in range(2)
+    ]
+    said = [build.communicate(timeout=600)[0] for build in builds]
+    assert [build.returncode for build in builds] == [0, 0], said
+    assert sorted(": generated," in out for out in said) == [False, True], said
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "model"]
