@@ -1,11 +1,11 @@
 """Real short sweeps on a lab of its own (`sweep`, beside the other test worker's lab):
-sweep1 serves, sweep2 (group socketwise_loadgen) generates
-the load and serves nothing. First `socketwise sweep` with GuideLLM over plain vLLM (the
-baseline) and SN, calibrated, a few steps each, with progress per step, ending in a
-complete run directory that joins sweep2's results with sweep1's measurements and a report
-that reads the kit against plain vLLM; then, on the same machines, the adaptive mode with
-vLLM's own benchmark over SN and DP-2: brackets and one bisection round instead of a grid,
-and the report's SN/DP decision. DP-2 is measured once, by the adaptive run (each layout
+sweep1 serves, sweep2 (group socketwise_loadgen) generates the load and serves nothing.
+First `socketwise sweep` with GuideLLM over plain vLLM (the baseline) and SN, calibrated,
+a few steps each, with progress per step, ending in a complete run directory that joins
+sweep2's results with sweep1's measurements and a report that reads the kit against
+plain vLLM; then, on the same machines, the adaptive mode with vLLM's own benchmark over
+SN and DP-2: brackets and one bisection round instead of a grid, and the report's SN/DP
+decision. DP-2 is measured once, by the adaptive run (each layout
 measured costs a deploy and a batch, about three minutes of the lab's two cores). vLLM
 runs in eager mode here (it starts three times faster; the figures' size is not what is
 tested). One lab and one deployment serve both sweeps: every lab module pays a boot, an
