@@ -81,6 +81,18 @@ def test_the_api_key_reaches_each_tool_but_never_its_command_line(tmp_path):
     assert "--config" not in benchrun.guidellm_args(SPEC, step, tmp_path, anonymous)
 
 
+def test_the_load_generators_reach_the_endpoint_around_the_host_s_proxy(tmp_path, monkeypatch):
+    # Both tools honour the proxy variables: the key would go to the proxy, and a proxy that
+    # cannot reach the endpoint fails the step. Hosts already exempted stay exempted.
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("no_proxy", "mirror.internal")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    environment = benchrun.Auth(SPEC, tmp_path).environment()
+    assert environment["no_proxy"] == environment["NO_PROXY"] == "mirror.internal,127.0.0.11"
+    assert environment["https_proxy"] == "http://127.0.0.1:9", "the outside is still proxied"
+    assert benchrun.guidellm_env(benchrun.Auth(SPEC, tmp_path))["NO_PROXY"].endswith("127.0.0.11")
+
+
 def test_warm_up_requests_go_first_and_only_when_the_step_asks(tmp_path):
     auth = benchrun.Auth(SPEC, tmp_path)
     step = {"name": "gate", "num_prompts": 16, "input_len": 8, "output_len": 8, "concurrency": 2}

@@ -1,5 +1,10 @@
 """Readiness: every instance up, or the first one that cannot come up named at once."""
 
+import http.server
+import threading
+
+import pytest
+
 from socketwise.serve.ready import last_error, wait_ready
 
 UP = {"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0"}
@@ -53,3 +58,38 @@ def test_the_line_that_says_why_is_the_last_error_of_the_journal():
     )
     assert last_error(journal) == "api_server.py: error: unrecognized arguments: --no-such-flag"
     assert last_error("") == "(nothing in the journal)"
+
+
+@pytest.fixture
+def health_server():
+    """A /health answering 200 on 127.0.0.1, served from a thread; yields its URL."""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/health"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("variable", ["http_proxy", "HTTP_PROXY"])
+def test_a_host_s_proxy_does_not_come_between_the_check_and_the_instance(
+    monkeypatch, health_server, variable
+):
+    # A proxy that is not there (the discard port of loopback) and nothing exempted: a
+    # request that went through it would fail, and the instance would never be ready.
+    monkeypatch.setenv(variable, "http://127.0.0.1:9")
+    for exempt in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(exempt, raising=False)
+    result = wait_ready(
+        [{"unit": "u", "url": health_server}], timeout=0, state=lambda unit: UP, interval=0
+    )
+    assert list(result["ready"]) == ["u"]

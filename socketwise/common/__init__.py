@@ -1,1 +1,2 @@
-"""Shared by every stage: where the cache and the checkout are, atomic file publishing."""
+"""Shared by every stage: where the cache and the checkout are, atomic file publishing,
+HTTP to the kit's own endpoints."""

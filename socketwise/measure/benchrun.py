@@ -53,9 +53,9 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
+from ..common.direct import bypassing_proxies, urlopen
 from . import power
 
 # The benchmark as vLLM's own CLI would run it; the `vllm` console script is unusable
@@ -85,7 +85,7 @@ def scrape(urls: list[str]) -> dict[str, float]:
     """The METRICS series of the servers' /metrics, summed over labels and instances."""
     values: dict[str, float] = {}
     for url in urls:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urlopen(url, timeout=5) as response:
             for line in response.read().decode().splitlines():
                 name = line.split("{", 1)[0].split(" ", 1)[0]
                 if name in METRICS:
@@ -99,15 +99,18 @@ def scrape(urls: list[str]) -> dict[str, float]:
 class Auth:
     """The API key where each load generator takes it: vLLM's benchmark from its
     environment, GuideLLM from a scenario file in a private temporary directory. Never on
-    a command line, in a log or in the run directory."""
+    a command line, in a log or in the run directory, nor through the host's proxy: both
+    tools honour the proxy variables, so the environment exempts the endpoint."""
 
     def __init__(self, spec: dict, private: Path) -> None:
         path = spec.get("api_key_file")
         self.key = Path(path).read_text().strip() if path else ""
         self.private = private
+        self.base_url = spec["base_url"]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "OPENAI_API_KEY": self.key} if self.key else dict(os.environ)
+        direct = bypassing_proxies(os.environ, self.base_url)
+        return {**direct, "OPENAI_API_KEY": self.key} if self.key else direct
 
     def guidellm_scenario(self) -> list[str]:
         if not self.key:

@@ -1,0 +1,93 @@
+"""Which hosts rollout.yml's own plays reach, with no server: its plays after the checks
+(check.yml, deploy's first play, needs real hosts), run on the controller with their own
+host patterns, batches and the play that leaves clusters out, each other play's tasks
+replaced by one line saying which host it reached."""
+
+import re
+import sys
+
+import pytest
+import yaml
+
+from .playbooks import REPO, run_playbook
+
+LEAVE_OUT = "Leave clusters to deploy.yml"
+BATCHES = "Roll out the new release, batch by batch"
+INVENTORY = {
+    "all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        "hosts": {
+            "single-01": {},
+            "single-02": {},
+            "head-01": {"socketwise_cluster": "c1", "socketwise_cluster_head": "head-01"},
+            "worker-01": {"socketwise_cluster": "c1", "socketwise_cluster_head": "head-01"},
+        },
+        "children": {
+            "socketwise_frontdoor": {"hosts": {"lb-01": {}}},
+            "socketwise_loadgen": {"hosts": {"load-01": {}}},
+        },
+    }
+}
+
+
+def stand_in(play: dict) -> dict:
+    """PLAY as rollout.yml has it, its tasks replaced by one that names the host reached
+    and, on the fleet front door, one that names the servers the role's own variable lists."""
+    if play["name"] == LEAVE_OUT:
+        return play
+    keys = ("name", "hosts", "serial", "max_fail_percentage")
+    kept = {key: play[key] for key in keys if key in play} | {"gather_facts": False}
+    says = "reached {{ inventory_hostname }} in {{ ansible_play_name }}"
+    tasks = [{"ansible.builtin.debug": {"msg": says}}]
+    if play["hosts"] == "socketwise_frontdoor":
+        role_vars = yaml.safe_load((REPO / "roles/vllm_service/vars/main.yml").read_text())
+        kept["vars"] = {"__vllm_service_fleet_hosts": role_vars["__vllm_service_fleet_hosts"]}
+        lists = "fleet servers {{ __vllm_service_fleet_hosts | sort | join(',') }}"
+        tasks.append({"ansible.builtin.debug": {"msg": lists}})
+    return kept | {"tasks": tasks}
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory):
+    plays = yaml.safe_load((REPO / "playbooks" / "rollout.yml").read_text())
+    own = [stand_in(play) for play in plays if "ansible.builtin.import_playbook" not in play]
+    assert own[0]["name"] == LEAVE_OUT, "clusters leave before any play of the rollout's own"
+    where = tmp_path_factory.mktemp("rollout")
+    (where / "rollout.yml").write_text(yaml.safe_dump(own, sort_keys=False))
+    (where / "hosts.yml").write_text(yaml.safe_dump(INVENTORY))
+    done = run_playbook(str(where / "rollout.yml"), "-i", str(where / "hosts.yml"))
+    assert done.returncode == 0, done.output[-3000:]
+    return done
+
+
+def reached(output: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for host, play in re.findall(r"reached (\S+) in (.+?)\"?$", output, re.MULTILINE):
+        found.setdefault(play, set()).add(host)
+    return found
+
+
+def test_each_cluster_member_is_left_out_with_one_line(rollout):
+    for host in ("head-01", "worker-01"):
+        line = (
+            f"{host}: member of cluster c1: rollout.yml leaves clusters out; "
+            "deploy.yml rolls a cluster out"
+        )
+        assert rollout.output.count(line) == 1, rollout.output[-3000:]
+        assert rollout.recap(host)["failed"] == 0
+    assert "single-01: member of cluster" not in rollout.output
+
+
+def test_the_record_and_the_batches_reach_only_hosts_outside_clusters(rollout):
+    plays = reached(rollout.output)
+    assert plays["Start the rollout's record"] == {"single-01", "single-02"}
+    assert plays[BATCHES] == {"single-01", "single-02"}
+    # Batches of one (rollout_batch's default): one per host outside a cluster, none
+    # spent on (or diluted by) a cluster member.
+    assert rollout.output.count(f"PLAY [{BATCHES}]") == 2
+
+
+def test_the_fleet_front_door_still_lists_every_serving_host(rollout):
+    fleet = "Keep the fleet front door over every serving host"
+    assert reached(rollout.output)[fleet] == {"lb-01"}
+    assert "fleet servers head-01,single-01,single-02,worker-01" in rollout.output
