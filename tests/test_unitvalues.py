@@ -12,8 +12,15 @@ import jinja2
 import pytest
 from ansible.plugins.filter.core import comment
 
+from socketwise.common.typed import declared_types, typed
 from socketwise.plan.planner import PlanRequest, plan
-from socketwise.serve.unitvalues import quote, secret_errors, unit_value_errors
+from socketwise.serve.unitvalues import (
+    OWNED_FLAGS,
+    account_error,
+    quote,
+    secret_errors,
+    unit_value_errors,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 # What a user may legitimately pass, with every character that means something to systemd.
@@ -35,7 +42,8 @@ SAFE = {
 
 
 def render_vllm_unit(**values: object) -> str:
-    """templates/vllm.service.j2 as the role renders it, for an SN plan of a 2-core host."""
+    """templates/vllm.service.j2 as the role renders it, for an SN plan of a 2-core host:
+    its numbers and switches converted as the role's vars/main.yml converts them."""
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(REPO / "templates"),
         keep_trailing_newline=True,
@@ -58,12 +66,17 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_preload": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
         "__vllm_service_container": False,
         "__vllm_service_placed": True,
+        "__vllm_service_secrets_dir": "/etc/socketwise/secrets",
+    }
+    numbers = {
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
         "vllm_service_ready_timeout": 600,
         "vllm_service_start_limit_burst": 5,
-        "__vllm_service_secrets_dir": "/etc/socketwise/secrets",
+        "vllm_container_cgroups": True,
     }
+    given = {name: values.pop(name, default) for name, default in numbers.items()}
+    variables["__vllm_service_typed"] = typed(given, declared_types())
     return environment.get_template("vllm.service.j2").render(variables | values)
 
 
@@ -101,6 +114,79 @@ def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
         "vllm_service_listen_address",
     ]
     assert all("; " in error for error in errors), "every refusal says what to do instead"
+
+
+def test_numbers_given_as_strings_render_as_the_numbers_they_spell():
+    # -e vllm_service_start_limit_burst=3 gives "3": as a string, "3" * 610 was a
+    # 610-digit StartLimitIntervalSec and the crash-loop cap was gone.
+    text = render_vllm_unit(
+        vllm_service_start_limit_burst="3",
+        vllm_service_restart_sec="5",
+        vllm_service_ready_timeout="600",
+        vllm_service_max_model_len="4096",
+    )
+    assert "\nStartLimitBurst=3\n" in text
+    assert "\nStartLimitIntervalSec=1815\n" in text
+    assert "\nRestartSec=5\n" in text
+    assert "--max-model-len 4096 " in text
+
+
+@pytest.mark.parametrize(
+    "arg",
+    ["--host", "--host=0.0.0.0", "--hos", "--served_model_name", "--api-key=x", "-tp", "--port"],
+)
+def test_extra_args_may_not_set_a_flag_the_kit_owns(arg):
+    (error,) = unit_value_errors(SAFE | {"vllm_service_extra_args": ["--max-num-seqs", "4", arg]})
+    assert error.startswith(f"vllm_service_extra_args[2]={arg!r}: sets --"), error
+    assert "which the kit sets itself; set it with" in error
+
+
+def test_other_extra_args_pass():
+    for args in (["--enforce-eager"], ["--max-num-seqs", "4"], ["--no-such-flag"], ["--h"]):
+        assert unit_value_errors(SAFE | {"vllm_service_extra_args": args}) == [], args
+    assert "--host" in OWNED_FLAGS and "--model" in OWNED_FLAGS
+
+
+@pytest.mark.parametrize(
+    "name", ["VLLM_API_KEY", "HF_TOKEN", "MY_SECRET", "DB_PASSWORD", "AWS_ACCESS_KEY_ID"]
+)
+def test_environment_that_looks_like_a_secret_is_refused_with_the_secret_variables(name):
+    (error,) = unit_value_errors(SAFE | {"vllm_service_environment": {name: "x" * 20}})
+    assert error.startswith(f"vllm_service_environment.{name}=")
+    assert "looks like a secret" in error and "vllm_service_api_key" in error
+    assert "x" * 20 not in error, "the value is never shown"
+
+
+def test_environment_the_unit_sets_itself_is_refused():
+    (error,) = unit_value_errors(SAFE | {"vllm_service_environment": {"LD_PRELOAD": "/x.so"}})
+    assert "is set by the kit itself" in error
+
+
+@pytest.mark.parametrize(
+    "home", ["/opt/socketwise/", "/opt//socketwise", "/opt/socketwise/../x", "/opt/./socketwise"]
+)
+def test_a_path_that_is_not_normalized_is_refused_with_its_normal_form(home):
+    (error,) = unit_value_errors(SAFE | {"vllm_home": home})
+    assert error.startswith(f"vllm_home={home!r}: is not a normalized path"), error
+
+
+@pytest.mark.parametrize("home", ["/opt", "/", "/etc/socketwise", "/usr/local/sw", "/tmp/sw"])
+def test_a_home_in_the_system_s_own_trees_is_refused(home):
+    (error,) = unit_value_errors(SAFE | {"vllm_home": home})
+    assert error.startswith(f"vllm_home={home!r}: is "), error
+
+
+def test_an_existing_account_is_accepted_only_as_the_kit_made_it():
+    own = ["x", "998", "998", "", "/opt/socketwise/home", "/usr/sbin/nologin"]
+    assert account_error("vllm", "/opt/socketwise", None) is None
+    assert account_error("vllm", "/opt/socketwise", own) is None
+    www = ["x", "33", "33", "www-data", "/var/www", "/usr/sbin/nologin"]
+    error = account_error("www-data", "/opt/socketwise", www)
+    assert error.startswith("vllm_user='www-data': is an existing account the kit did not create")
+    alice = ["x", "1000", "1000", "", "/opt/socketwise/home", "/bin/bash"]
+    assert "is an existing login account (shell /bin/bash)" in account_error(
+        "alice", "/opt/socketwise", alice
+    )
 
 
 def test_only_the_front_door_may_listen_on_a_public_address():

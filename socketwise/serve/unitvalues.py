@@ -11,6 +11,7 @@ for itself.
 from __future__ import annotations
 
 import ipaddress
+import os.path
 import re
 from collections.abc import Mapping
 
@@ -28,6 +29,46 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
 _SECRET = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
 # vLLM's --dtype choices ("" takes the build class's).
 DTYPES = ("", "auto", "half", "float16", "bfloat16", "float", "float32")
+# `vllm serve` flags the kit sets from the plan and its own variables: given again in
+# vllm_service_extra_args, argparse keeps the last one, and `--host 0.0.0.0` would put an
+# instance past the front door. Each maps to what sets it.
+OWNED_FLAGS = {
+    "--model": "vllm_model_path or vllm_model_hf_id",
+    "--served-model-name": "vllm_served_model_name",
+    "--host": "vllm_service_backend_address",
+    "--port": "plan_port",
+    "--api-key": "vllm_service_api_key",
+    "--dtype": "vllm_service_dtype",
+    "--max-model-len": "vllm_service_max_model_len",
+    "--tensor-parallel-size": "plan_layout and plan_ranks",
+    "--pipeline-parallel-size": "the cluster's plan",
+    "--data-parallel-size": "plan_layout and plan_ranks",
+    "--data-parallel-size-local": "plan_layout and plan_ranks",
+    "--data-parallel-rank": "plan_layout and plan_ranks",
+    "--data-parallel-address": "plan_layout",
+    "--data-parallel-rpc-port": "plan_layout",
+    "--distributed-executor-backend": "the plan",
+    "--nnodes": "the cluster's plan",
+    "--node-rank": "the cluster's plan",
+    "--master-addr": "the cluster's plan",
+    "--master-port": "cluster_master_port",
+    "--headless": "the cluster's plan",
+    "--api-server-count": "the cluster's plan",
+    "--ssl-keyfile": "vllm_service_tls_cert and vllm_service_tls_key (TLS is the front door's)",
+    "--ssl-certfile": "vllm_service_tls_cert and vllm_service_tls_key (TLS is the front door's)",
+    "--uds": "vllm_service_backend_address",
+    "--uvicorn-log-level": "the kit (warning)",
+}
+OWNED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
+                     "-dp": "--data-parallel-size"}  # fmt: skip
+# Environment the units set themselves, and names that hold a secret: a unit is
+# world-readable, the secrets go to root-only files (vllm_service_api_key, _hf_token).
+OWNED_ENVIRONMENT = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD", "HOME",
+                     "USER", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE"}  # fmt: skip
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PRIVATE", re.IGNORECASE)
+# Trees vllm_home may not be, nor lie in: the kit deletes below it what it made.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin",
+                "/sys", "/tmp", "/usr", "/var/tmp")  # fmt: skip
 
 
 def quote(value: object, command_line: bool = True) -> str:
@@ -46,64 +87,109 @@ def _problem(variable: str, value: object, what: str, fix: str) -> str:
     return f"{variable}={value!r}: {what}; {fix}"
 
 
+def path_error(variable: str, path: object) -> str | None:
+    """Why PATH cannot be one of the kit's paths: not absolute, not plain characters, or
+    not in its one normal form (`..`, `.`, `//` or a trailing `/`), which every comparison
+    of paths (what to keep, what to delete) relies on."""
+    if not isinstance(path, str) or not _PATH.fullmatch(path):
+        return _problem(
+            variable,
+            path,
+            "is not an absolute path of plain characters",
+            "use letters, digits and . _ - + / only",
+        )
+    if path != "/" and os.path.normpath(path) != path or "//" in path:
+        return _problem(
+            variable,
+            path,
+            "is not a normalized path",
+            f"write it as {os.path.normpath(path)!r}: no '..', '.', '//' or trailing '/'",
+        )
+    return None
+
+
 def _paths_and_name(values: Mapping[str, object], paths: tuple[str, ...]) -> list[str]:
-    """The PATHS variables as plain absolute paths, and the served model name."""
-    errors = []
-    for variable in paths:
-        path = values.get(variable)
-        if not isinstance(path, str) or not _PATH.fullmatch(path):
+    """The PATHS variables of VALUES as plain, normalized absolute paths (a kit home one
+    outside the system's own trees), and the served model name, each where given."""
+    errors = [error for v in paths if v in values and (error := path_error(v, values[v]))]
+    home = values.get("vllm_home")
+    if "vllm_home" in values and not path_error("vllm_home", home):
+        inside = [t for t in SYSTEM_TREES if home == t or home.startswith(t + "/")]
+        if home.count("/") < 2 or inside:
             errors.append(
                 _problem(
-                    variable,
-                    path,
-                    "is not an absolute path of plain characters",
-                    "use letters, digits and . _ - + / only",
+                    "vllm_home",
+                    home,
+                    f"is {'inside ' + inside[0] if inside else 'a top-level directory'}, "
+                    "where the kit would keep and remove its releases",
+                    "give a directory of the kit's own, such as /opt/socketwise",
                 )
             )
-    name = values.get("vllm_served_name")
-    if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
-        errors.append(
-            _problem(
-                "vllm_served_model_name",
-                name,
-                "is not a model name",
-                "use letters, digits and . _ : / - only",
+    if "vllm_served_name" in values:
+        name = values["vllm_served_name"]
+        if not isinstance(name, str) or not _MODEL_NAME.fullmatch(name):
+            errors.append(
+                _problem(
+                    "vllm_served_model_name",
+                    name,
+                    "is not a model name",
+                    "use letters, digits and . _ : / - only",
+                )
             )
-        )
     return errors
 
 
-def unit_value_errors(values: Mapping[str, object]) -> list[str]:
-    """Every value of `values` (the role variables that reach a unit) that cannot go into one,
-    as 'variable=value: what is wrong; the fix'. Empty when all can."""
+def owned_flag(arg: str) -> str | None:
+    """The kit's flag that ARG sets: the flag itself, its `--flag=value`, `_` or
+    abbreviated spelling (argparse takes a unique prefix), or a short alias."""
+    if arg in OWNED_SHORT_FLAGS:
+        return OWNED_SHORT_FLAGS[arg]
+    if not arg.startswith("--") or len(arg) < 4:
+        return None
+    flag = arg.split("=", 1)[0].replace("_", "-")
+    matches = [owned for owned in OWNED_FLAGS if owned == flag or owned.startswith(flag)]
+    return matches[0] if matches else None
+
+
+def _argument_errors(arguments: object) -> list[str]:
+    if not isinstance(arguments, list):
+        return [_problem("vllm_service_extra_args", arguments, "is not a list", "give a list")]
     errors = []
-    words = [
-        (f"vllm_service_extra_args[{i}]", arg)
-        for i, arg in enumerate(values.get("vllm_service_extra_args") or [])
-    ]
-    words += [("vllm_model", values.get("vllm_model", ""))]
-    for variable, word in words:
-        if not isinstance(word, str) or _CONTROL.search(word):
+    for i, arg in enumerate(arguments):
+        variable = f"vllm_service_extra_args[{i}]"
+        if not isinstance(arg, str) or _CONTROL.search(arg):
             errors.append(
                 _problem(
                     variable,
-                    word,
+                    arg,
                     "holds a newline or another control "
                     "character, which would start a new unit line",
                     "give each argument as one line of text",
                 )
             )
-    environment = values.get("vllm_service_environment") or {}
+        elif flag := owned_flag(arg):
+            errors.append(
+                _problem(
+                    variable,
+                    arg,
+                    f"sets {flag}, which the kit sets itself",
+                    f"set it with {OWNED_FLAGS[flag]}, and remove it from vllm_service_extra_args",
+                )
+            )
+    return errors
+
+
+def _environment_errors(environment: object) -> list[str]:
     if not isinstance(environment, Mapping):
-        errors.append(
+        return [
             _problem(
                 "vllm_service_environment",
                 environment,
                 "is not a mapping",
                 "give NAME: value pairs",
             )
-        )
-        environment = {}
+        ]
+    errors = []
     for name, value in environment.items():
         variable = f"vllm_service_environment.{name}"
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
@@ -115,6 +201,23 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                     "use letters, digits and _ (not first a digit), no spaces",
                 )
             )
+        elif _SECRET_NAME.search(name):
+            errors.append(
+                _problem(
+                    variable,
+                    name,
+                    "looks like a secret, and a unit file is readable by every local user",
+                    "give the API key as vllm_service_api_key and a Hugging Face token as "
+                    "vllm_service_hf_token (both go to root-only files), or rename a variable "
+                    "that holds no secret",
+                )
+            )
+        elif name in OWNED_ENVIRONMENT:
+            errors.append(
+                _problem(
+                    variable, name, "is set by the kit itself", "remove it from the environment"
+                )
+            )
         elif _CONTROL.search(str(value)):
             errors.append(
                 _problem(
@@ -124,7 +227,30 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                     "give the value on one line",
                 )
             )
-    user = values.get("vllm_user")
+    return errors
+
+
+def unit_value_errors(values: Mapping[str, object]) -> list[str]:
+    """Every value of `values` (the role variables that reach a unit, each checked where
+    given) that cannot go into one, as 'variable=value: what is wrong; the fix'. Empty
+    when all can."""
+    errors = []
+    if "vllm_service_extra_args" in values:
+        errors += _argument_errors(values["vllm_service_extra_args"] or [])
+    if "vllm_model" in values and (
+        not isinstance(values["vllm_model"], str) or _CONTROL.search(values["vllm_model"])
+    ):
+        errors.append(
+            _problem(
+                "vllm_model",
+                values["vllm_model"],
+                "holds a newline or another control character, which would start a new unit line",
+                "give the model on one line",
+            )
+        )
+    if "vllm_service_environment" in values:
+        errors += _environment_errors(values["vllm_service_environment"] or {})
+    user = values.get("vllm_user", "vllm")
     if not isinstance(user, str) or not _USER.fullmatch(user) or user == "root":
         errors.append(
             _problem(
@@ -145,6 +271,17 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 f"give one of {', '.join(DTYPES[1:])}, or leave it empty for the build class's",
             )
         )
+    length = values.get("vllm_service_max_model_len")
+    whole = isinstance(length, int) and not isinstance(length, bool)
+    if length is not None and not (whole and length > 0):
+        errors.append(
+            _problem(
+                "vllm_service_max_model_len",
+                length,
+                "is not a number of tokens",
+                "give a whole number such as 4096, or null for the model's own",
+            )
+        )
     if values.get("vllm_model_hf_id") and not _HUB_ID.fullmatch(str(values["vllm_model_hf_id"])):
         errors.append(
             _problem(
@@ -155,6 +292,36 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
             )
         )
     return errors + address_errors(values)
+
+
+NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
+
+
+def account_error(user: str, home: str, account: list[str] | None) -> str | None:
+    """Why the host's ACCOUNT of USER (getent passwd's fields after the name: password,
+    uid, gid, comment, home, shell; None when there is none) cannot be the service
+    account. The kit runs vLLM as an account of its own, made as a system account with
+    HOME/home and no login shell. Any other existing one (a person's login, www-data,
+    nobody, a database's) would hand the model server that account's files and
+    processes, and the kit would move its home and take its shell away."""
+    if account is None:
+        return None
+    own_home = f"{home}/home"
+    existing_home, shell = account[4], account[5]
+    if existing_home == own_home and shell in NOLOGIN:
+        return None
+    what = (
+        f"is an existing login account (shell {shell})"
+        if shell not in NOLOGIN
+        else f"is an existing account the kit did not create (home {existing_home}, not {own_home})"
+    )
+    return _problem(
+        "vllm_user",
+        user,
+        what,
+        "name an account that does not exist yet, such as vllm: the kit creates it as a "
+        f"system account with home {own_home} and no login shell",
+    )
 
 
 def cluster_value_errors(values: Mapping[str, object]) -> list[str]:
@@ -173,6 +340,9 @@ def cluster_value_errors(values: Mapping[str, object]) -> list[str]:
         )
     errors += _paths_and_name(values, ("vllm_home",))
     return errors + address_errors({"cluster_address": values.get("cluster_address")})
+
+
+CLUSTER_PORTS = ("cluster_port", "cluster_rpc_port", "cluster_master_port")
 
 
 def address_errors(values: Mapping[str, object]) -> list[str]:
@@ -210,7 +380,8 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
             continue
         if not allowed(parsed):
             errors.append(_problem(variable, address, "is not allowed here", fix))
-    for variable in ("vllm_service_metrics_port", "vllm_service_fleet_port"):
+    ports = ("vllm_service_metrics_port", "vllm_service_fleet_port") + CLUSTER_PORTS
+    for variable in ports:
         port = values.get(variable, 1)
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:
             errors.append(_problem(variable, port, "is not a port", f"give 1-{MAX_PORT}"))

@@ -1,11 +1,13 @@
 """Ansible door into socketwise.serve.unitvalues: the filters `systemd_quote` and
-`socketwise_unit_value_errors`, `socketwise_secret_errors`, `socketwise_address_errors`."""
+`socketwise_unit_value_errors`, `socketwise_secret_errors`, `socketwise_address_errors`,
+`socketwise_account_error`."""
 
 import sys
 from pathlib import Path
 
 try:
     from socketwise.serve.unitvalues import (
+        account_error,
         address_errors,
         quote,
         secret_errors,
@@ -16,6 +18,7 @@ except ImportError:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from socketwise.serve.unitvalues import (
+        account_error,
         address_errors,
         quote,
         secret_errors,
@@ -35,6 +38,11 @@ def socketwise_secret_errors(values):
     return secret_errors(values)
 
 
+def socketwise_account_error(user, home, account):
+    """account_error as a string: empty when the account may serve."""
+    return account_error(user, home, account) or ""
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -42,4 +50,5 @@ class FilterModule:
             "socketwise_unit_value_errors": socketwise_unit_value_errors,
             "socketwise_secret_errors": socketwise_secret_errors,
             "socketwise_address_errors": address_errors,
+            "socketwise_account_error": socketwise_account_error,
         }

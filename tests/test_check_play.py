@@ -1,0 +1,209 @@
+"""deploy.yml's first play (playbooks/check.yml) refuses a bad value before anything on a
+host changes, with one line naming the host, the variable, the value and the fix; and
+takes a number given with -e (a string) as the number it spells.
+
+Run as a user runs it, against a host planned from a saved topology file and reached
+as the controller itself (ansible_connection: local): each refused run stops in the
+play's first step, before the topology is read or the controller builds anything, so
+nothing on any host can have changed. The one value that only fails when vLLM starts
+is the deploy lab's (test_deploy_lab.py: a failed start goes back to the release that
+served).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from socketwise.common.typed import declared_types
+
+from .playbooks import PlaybookRun, run_playbook
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = "edge-01"
+KEY = "0123456789abcdef" * 2
+
+
+@pytest.fixture
+def inventory(tmp_path) -> Path:
+    hosts = {
+        "all": {
+            "hosts": {
+                HOST: {
+                    "ansible_connection": "local",
+                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                    "socketwise_topology_file": str(
+                        REPO / "inventories/example-fleet/topologies/r730-01.json"
+                    ),
+                    "vllm_service_api_key": KEY,
+                }
+            }
+        }
+    }
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(hosts))
+    return path
+
+
+def check(inventory: Path, *extra: dict | str) -> PlaybookRun:
+    arguments = []
+    for value in extra:
+        arguments += ["-e", json.dumps(value) if isinstance(value, dict) else value]
+    return run_playbook("playbooks/check.yml", "-i", str(inventory), *arguments)
+
+
+def refusal(run: PlaybookRun) -> str:
+    """The one line the play stopped with."""
+    assert run.returncode != 0, run.output[-3000:]
+    lines = re.findall(r'"msg": "(.*?)"\}?$', run.output, re.MULTILINE)
+    assert lines, run.output[-3000:]
+    return lines[-1]
+
+
+# (id, what the user passed, the start of the line that refuses it)
+REFUSED = [
+    (
+        "extra-args-host",
+        {"vllm_service_extra_args": ["--host", "0.0.0.0"]},
+        "vllm_service_extra_args[0]='--host': sets --host, which the kit sets itself; "
+        "set it with vllm_service_backend_address",
+    ),
+    (
+        "extra-args-api-key",
+        {"vllm_service_extra_args": ["--api-key=abc"]},
+        "vllm_service_extra_args[0]='--api-key=abc': sets --api-key",
+    ),
+    (
+        "secret-in-environment",
+        {"vllm_service_environment": {"VLLM_API_KEY": "s3cret-s3cret-s3cret"}},
+        "vllm_service_environment.VLLM_API_KEY='VLLM_API_KEY': looks like a secret",
+    ),
+    (
+        "home-trailing-slash",
+        {"vllm_home": "/opt/socketwise/"},
+        "vllm_home='/opt/socketwise/': is not a normalized path; write it as '/opt/socketwise'",
+    ),
+    (
+        "home-dotdot",
+        {"vllm_home": "/opt/socketwise/../etc"},
+        "vllm_home='/opt/socketwise/../etc': is not a normalized path",
+    ),
+    (
+        # An existing system account of the controller (Debian's base-passwd has it).
+        "system-account",
+        {"vllm_user": "www-data"},
+        "vllm_user='www-data': is an existing account the kit did not create (home /var/www",
+    ),
+    ("root-user", {"vllm_user": "root"}, "vllm_user='root': is root or not a user name"),
+    (
+        "unit-injection",
+        # A newline would start a unit line of its own: the service would run as root.
+        {"vllm_service_extra_args": ["--x\nUser=root"]},
+        "vllm_service_extra_args[0]='--x\\\\nUser=root': holds a newline",
+    ),
+    (
+        "env-name-space",
+        {"vllm_service_environment": {"MY VAR": "1"}},
+        "vllm_service_environment.MY VAR='MY VAR': is not an environment variable",
+    ),
+    (
+        "anonymous-public",
+        # Open to the network with no key: refused unless asked for on purpose.
+        {"vllm_service_listen_address": "0.0.0.0", "vllm_service_api_key": ""},
+        "vllm_service_api_key: is empty and the front door listens on 0.0.0.0",
+    ),
+    (
+        "public-backend",
+        {"vllm_service_backend_address": "0.0.0.0"},
+        "vllm_service_backend_address='0.0.0.0': is not allowed here; give a loopback address",
+    ),
+    (
+        "model-len",
+        {"vllm_service_max_model_len": 0},
+        "vllm_service_max_model_len=0: is not a number of tokens",
+    ),
+    (
+        "gate-tolerance",
+        {"rollout_gate_tolerance": "1.5"},
+        "rollout_gate_tolerance='1.5' is not a fraction between 0 and 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("given", "words"), [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_a_bad_value_stops_the_first_play_in_its_first_step(inventory, given, words):
+    run = check(inventory, given)
+    assert refusal(run).startswith(f"{HOST}: {words}"), refusal(run)
+    # Nothing ran after the value checks: not the topology, not the controller's builds.
+    assert "TASK [topology" not in run.output
+    assert "KEY" not in refusal(run) or KEY not in run.output
+
+
+def test_a_build_class_the_cpu_cannot_run_stops_before_anything_is_built(inventory):
+    # The topology file's host has AVX2 only; AMX needs Sapphire Rapids.
+    run = check(inventory, "vllm_build_class=amx")
+    assert refusal(run).startswith(f"{HOST}: vllm_build_class=amx: build class amx needs")
+    assert "Build and pack the offline wheelhouse" not in run.output
+
+
+def test_a_secret_never_shows_in_its_refusal(inventory):
+    secret = "s3cret-" + "z" * 20
+    run = check(inventory, {"vllm_service_environment": {"HF_TOKEN": secret}})
+    assert "looks like a secret" in refusal(run)
+    assert secret not in run.output
+
+
+def test_a_number_that_does_not_convert_names_the_variable_and_the_value(inventory):
+    run = check(inventory, "vllm_service_restart_sec=ten")
+    assert run.returncode != 0
+    assert "argument 'vllm_service_restart_sec' is of type str and we were unable to" in run.output
+    assert "'ten'" in run.output
+    assert "TASK [topology" not in run.output
+
+
+def test_numbers_given_with_e_are_taken_as_the_numbers_they_spell(inventory):
+    # Each was refused or broke a later play when it stayed a string: a valid metrics port
+    # was "not a port", the fleet port a TypeError. The run stops later, at a model the
+    # controller does not have: every value check before it passed.
+    run = check(
+        inventory,
+        "vllm_service_metrics_port=9181",
+        "vllm_service_fleet_port=443",
+        "vllm_service_start_limit_burst=3",
+        "vllm_service_restart_sec=5",
+        "vllm_service_ready_timeout=600",
+        "vllm_service_allow_anonymous=no",
+        "vllm_service_max_model_len=4096",
+        "vllm_model_path=/nonexistent/model",
+    )
+    assert refusal(run).startswith(f"{HOST}: vllm_model_path=/nonexistent/model: no model there")
+
+
+def test_every_number_and_switch_is_read_through_its_role_s_conversion():
+    """A role that reads an int, float or bool argument bare gets the string -e gave: every
+    such variable a role converts (its __ROLE_typed_input) is read as __ROLE_typed.NAME in
+    every task and template, never bare."""
+    types = declared_types()
+    converted: dict[str, str] = {}
+    for vars_file in sorted(REPO.glob("roles/*/vars/main.yml")):
+        role = vars_file.parent.parent.name
+        for name in (yaml.safe_load(vars_file.read_text()) or {}).get(f"__{role}_typed_input", {}):
+            assert name in types, f"{role}: {name} has no int, float or bool argument spec"
+            converted[name] = f"__{role}_typed"
+    assert {"vllm_service_start_limit_burst", "cluster_ctx_size"} <= converted.keys()
+    readers = [*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("templates/*.j2")]
+    readers += [p for p in REPO.glob("roles/*/vars/main.yml")]
+    bare = []
+    for path in readers:
+        text = path.read_text()
+        for name, typed in converted.items():
+            for match in re.finditer(rf"(?<![\w.'\"]){name}(?![\w=:'\"])", text):
+                line = text.count("\n", 0, match.start()) + 1
+                # A YAML key that sets it, or a variable's name given as a string.
+                if not re.match(rf"\s*(- )?(variable: )?{name}(:|$)", text.splitlines()[line - 1]):
+                    bare.append(f"{path.relative_to(REPO)}:{line}: {name} (read {typed}.{name})")
+    assert bare == []
