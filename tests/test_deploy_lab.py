@@ -241,6 +241,42 @@ def test_a_port_held_by_another_program_stops_the_deploy(machine, artifacts):
         on_host(machine, "systemctl stop squatter")
 
 
+# A flag vLLM does not know passes every check (the kit cannot know vLLM's) and fails
+# only when the server starts.
+UNKNOWN_FLAG = "--no-such-flag"
+
+
+def failed_start(run: PlaybookRun) -> str:
+    """The one line a deploy whose servers could not start failed with."""
+    assert run.returncode != 0, run.output[-3000:]
+    failures = re.findall(rf"^fatal: \[{HOST}\]: FAILED! => (\{{.*\}})$", run.output, re.MULTILINE)
+    assert failures, run.output[-3000:]
+    line = json.loads(failures[-1])["msg"]
+    assert line.startswith(f"{HOST}: deploy failed at '") and "\n" not in line, line
+    return line
+
+
+def test_a_first_deploy_that_cannot_start_leaves_its_units_stopped(machine, artifacts):
+    # The install it made stays for the next deploy (test_sn_serves... below uses it).
+    run = deploy(
+        artifacts,
+        "-e",
+        "plan_layout=sn",
+        "-e",
+        json.dumps({"vllm_service_extra_args": [UNKNOWN_FLAG]}),
+    )
+    line = failed_start(run)
+    assert f"unrecognized arguments: {UNKNOWN_FLAG}" in line, line
+    assert line.endswith('nothing served here before: the new units are left stopped"'), line
+    for unit in ("socketwise-vllm-sn", "socketwise-lb"):
+        assert on_host(machine, f"systemctl is-active {unit}", check=False) in (
+            "inactive",
+            "failed",
+        )
+    assert not frontdoor.answers(ADDRESS, 8000)
+    assert on_host(machine, "ls /opt/socketwise/venvs | wc -l") == "1"
+
+
 def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, artifacts, key):
     # -v with --diff: the output a user would paste into an issue must not hold the key.
     run = deploy(artifacts, "-e", "plan_layout=sn", "-v", "--diff")
@@ -460,6 +496,24 @@ def test_dp2_instances_answer_behind_the_front_door(machine, artifacts, key):
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert_front_door(key, plan)
     assert all(exposure(machine, unit) <= MAX_EXPOSURE for unit in units(machine))
+
+
+def test_a_release_that_cannot_start_goes_back_to_the_one_that_served(machine, artifacts, key):
+    serving = on_host(machine, "readlink /opt/socketwise/releases/current")
+    bad = {"vllm_service_extra_args": ["--enforce-eager", UNKNOWN_FLAG]}
+    line = failed_start(deploy(artifacts, "-e", "plan_layout=dp", "-e", json.dumps(bad)))
+    # The step, the journal line that says why, and the way back.
+    assert f"{HOST}: deploy failed at 'Wait for /health of every instance': " in line, line
+    assert f"unrecognized arguments: {UNKNOWN_FLAG}" in line, line
+    assert f"back on release {serving}, serving" in line, line
+    # The release that served serves again, from its own units, and is still current.
+    assert on_host(machine, "readlink /opt/socketwise/releases/current") == serving
+    assert UNKNOWN_FLAG not in on_host(
+        machine, "cat /etc/systemd/system/socketwise-vllm-dp*.service"
+    )
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
+    for port in (8001, 8002):
+        assert frontdoor.completion_tokens(BACKEND, port, key) > 0
 
 
 def test_tp2_runs_one_rank_per_core(machine, artifacts, key):
