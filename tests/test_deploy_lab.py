@@ -267,7 +267,7 @@ def test_a_first_deploy_that_cannot_start_leaves_its_units_stopped(machine, arti
     )
     line = failed_start(run)
     assert f"unrecognized arguments: {UNKNOWN_FLAG}" in line, line
-    assert line.endswith('nothing served here before: the new units are left stopped"'), line
+    assert line.endswith("; nothing served here before: the new units are left stopped"), line
     for unit in ("socketwise-vllm-sn", "socketwise-lb"):
         assert on_host(machine, f"systemctl is-active {unit}", check=False) in (
             "inactive",
