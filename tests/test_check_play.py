@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,18 @@ REFUSED = [
         "vllm_service_max_model_len=0: is not a number of tokens",
     ),
     (
+        # Given as -e gives it, a string: converted, then too small (a burst of 0 would
+        # let a crashing unit restart forever).
+        "start-burst-zero",
+        {"vllm_service_start_limit_burst": "0"},
+        "vllm_service_start_limit_burst=0: is less than 1; give 1 or more",
+    ),
+    (
+        "request-timeout-zero",
+        {"vllm_service_request_timeout": 0},
+        "vllm_service_request_timeout=0: is less than 1",
+    ),
+    (
         "gate-tolerance",
         {"rollout_gate_tolerance": "1.5"},
         "rollout_gate_tolerance='1.5' is not a fraction between 0 and 1",
@@ -148,6 +161,30 @@ def test_a_build_class_the_cpu_cannot_run_stops_before_anything_is_built(invento
     run = check(inventory, "vllm_build_class=amx")
     assert refusal(run).startswith(f"{HOST}: vllm_build_class=amx: build class amx needs")
     assert "Build and pack the offline wheelhouse" not in run.output
+
+
+def test_a_certificate_and_key_that_do_not_belong_together_are_refused(inventory, tmp_path):
+    for name in ("one", "two"):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=edge-01", "-keyout", str(tmp_path / f"{name}.key"),
+             "-out", str(tmp_path / f"{name}.crt")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    cert, key = tmp_path / "one.crt", tmp_path / "two.key"
+    run = check(inventory, {"vllm_service_tls_cert": str(cert), "vllm_service_tls_key": str(key)})
+    assert refusal(run).startswith(
+        f"{HOST}: vllm_service_tls_cert={cert}, vllm_service_tls_key={key}: the pair cannot "
+        "serve TLS (KEY_VALUES_MISMATCH)"
+    ), refusal(run)
+    assert (tmp_path / "two.key").read_text().splitlines()[1] not in run.output
+    matching = {
+        "vllm_service_tls_cert": str(cert),
+        "vllm_service_tls_key": str(tmp_path / "one.key"),
+    }
+    # The pair that belongs together passes, and the run goes on to the next refusal.
+    run = check(inventory, matching | {"vllm_user": "root"})
+    assert refusal(run).startswith(f"{HOST}: vllm_user='root'")
 
 
 def test_a_secret_never_shows_in_its_refusal(inventory):

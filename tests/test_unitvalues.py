@@ -17,6 +17,7 @@ from socketwise.plan.planner import PlanRequest, plan
 from socketwise.serve.unitvalues import (
     OWNED_FLAGS,
     account_error,
+    listener_clashes,
     quote,
     secret_errors,
     unit_value_errors,
@@ -186,6 +187,22 @@ def test_an_existing_account_is_accepted_only_as_the_kit_made_it():
     alice = ["x", "1000", "1000", "", "/opt/socketwise/home", "/bin/bash"]
     assert "is an existing login account (shell /bin/bash)" in account_error(
         "alice", "/opt/socketwise", alice
+    )
+
+
+def test_two_of_the_host_s_own_listeners_on_one_port_are_refused():
+    plan = [
+        {"variable": "plan_port", "address": "127.0.0.1", "ports": [8001, 8002]},
+        {"variable": "plan_port", "address": "0.0.0.0", "ports": [8000]},
+    ]
+    metrics = {"variable": "vllm_service_metrics_port", "address": "127.0.0.1", "ports": [9180]}
+    assert listener_clashes([*plan, metrics]) == []
+    # The front door's wildcard takes 8000 on every address; another address is free.
+    for port, address in ((8000, "127.0.0.1"), (8002, "127.0.0.1")):
+        (error,) = listener_clashes([*plan, metrics | {"ports": [port]}])
+        assert error.startswith(f"vllm_service_metrics_port={port}: port {port} on {address} is")
+    assert (
+        listener_clashes([{**plan[0], "address": "127.0.0.2"}, {**metrics, "ports": [8001]}]) == []
     )
 
 

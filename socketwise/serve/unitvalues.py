@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os.path
 import re
+import ssl
 from collections.abc import Mapping
 
 from ..plan.planner import MAX_PORT
@@ -69,6 +70,23 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PRIVAT
 # Trees vllm_home may not be, nor lie in: the kit deletes below it what it made.
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin",
                 "/sys", "/tmp", "/usr", "/var/tmp")  # fmt: skip
+
+
+# The least each count or duration may be: a 0 s HAProxy timeout means none, a start
+# burst of 0 lets a unit restart forever, and systemd or llama.cpp refuse the rest.
+MINIMUMS = {
+    "vllm_service_restart_sec": 0,
+    "vllm_service_start_limit_burst": 1,
+    "vllm_service_ready_timeout": 1,
+    "vllm_service_request_timeout": 1,
+    "vllm_service_queue_timeout": 1,
+    "vllm_service_max_body_bytes": 1,
+    "cluster_ctx_size": 1,
+    "cluster_parallel": 1,
+    "cluster_check_interval": 1,
+    "cluster_ready_timeout": 1,
+    "cluster_wait_rpc_seconds": 1,
+}
 
 
 def quote(value: object, command_line: bool = True) -> str:
@@ -291,10 +309,58 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 "give ORG/NAME with letters, digits and . _ - only",
             )
         )
-    return errors + address_errors(values)
+    return errors + number_errors(values) + address_errors(values)
 
 
 NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
+
+
+def number_errors(values: Mapping[str, object]) -> list[str]:
+    """Each count or duration of VALUES (those in MINIMUMS, already converted) below its least."""
+    return [
+        _problem(name, values[name], f"is less than {least}", f"give {least} or more")
+        for name, least in MINIMUMS.items()
+        if isinstance(values.get(name), int) and values[name] < least
+    ]
+
+
+def listener_clashes(listeners: list[Mapping[str, object]]) -> list[str]:
+    """Two of the host's own listeners ({variable, address, ports}) on one port of one
+    address (or of a wildcard and any address): the second could not bind."""
+    errors = []
+    taken: list[tuple[str, int, str]] = []
+    for listener in listeners:
+        address = str(listener["address"])
+        for port in listener["ports"]:
+            for other_address, other_port, other in taken:
+                overlap = address == other_address or {address, other_address} & {"0.0.0.0", "::"}
+                if int(port) == other_port and overlap:
+                    errors.append(
+                        _problem(
+                            str(listener["variable"]),
+                            int(port),
+                            f"port {port} on {address} is taken by {other} on {other_address}",
+                            f"choose another {listener['variable']}",
+                        )
+                    )
+            taken.append((address, int(port), str(listener["variable"])))
+    return errors
+
+
+def tls_error(cert: str, key: str) -> str | None:
+    """Why the PEM files CERT and KEY (on the controller) cannot serve TLS: not a
+    certificate, not a private key, an encrypted key (HAProxy cannot ask for its
+    passphrase) or a key that is not the certificate's. Never the key's content."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except (ssl.SSLError, OSError) as wrong:
+        reason = getattr(wrong, "reason", None) or type(wrong).__name__
+        return (
+            f"vllm_service_tls_cert={cert}, vllm_service_tls_key={key}: the pair cannot serve "
+            f"TLS ({reason}); give a PEM certificate and its unencrypted private key"
+        )
+    return None
 
 
 def account_error(user: str, home: str, account: list[str] | None) -> str | None:

@@ -1,6 +1,7 @@
 """Ansible door into socketwise.serve.unitvalues: the filters `systemd_quote` and
 `socketwise_unit_value_errors`, `socketwise_secret_errors`, `socketwise_address_errors`,
-`socketwise_account_error`."""
+`socketwise_account_error`, `socketwise_number_errors`, `socketwise_listener_clashes`,
+`socketwise_tls_error`."""
 
 import sys
 from pathlib import Path
@@ -9,8 +10,11 @@ try:
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
+        listener_clashes,
+        number_errors,
         quote,
         secret_errors,
+        tls_error,
         unit_value_errors,
     )
 except ImportError:
@@ -20,8 +24,11 @@ except ImportError:
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
+        listener_clashes,
+        number_errors,
         quote,
         secret_errors,
+        tls_error,
         unit_value_errors,
     )
 
@@ -43,6 +50,11 @@ def socketwise_account_error(user, home, account):
     return account_error(user, home, account) or ""
 
 
+def socketwise_tls_error(cert, key):
+    """tls_error as a string: empty when the pair serves."""
+    return tls_error(cert, key) or ""
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -51,4 +63,7 @@ class FilterModule:
             "socketwise_secret_errors": socketwise_secret_errors,
             "socketwise_address_errors": address_errors,
             "socketwise_account_error": socketwise_account_error,
+            "socketwise_number_errors": number_errors,
+            "socketwise_listener_clashes": listener_clashes,
+            "socketwise_tls_error": socketwise_tls_error,
         }
