@@ -399,6 +399,18 @@ def test_the_key_is_only_in_its_root_only_files(machine, artifacts, key):
         "600 root /etc/socketwise/secrets/frontdoor.env",
         "600 root /etc/socketwise/secrets/vllm.env",
     ]
+    # The release keeps the same files as root's alone, to go back to them.
+    kept = on_host(
+        machine,
+        "cd /opt/socketwise/releases/current && stat -c '%a %U %n' secrets secrets/*"
+        " && cmp secrets/frontdoor.env /etc/socketwise/secrets/frontdoor.env && echo same",
+    )
+    assert kept.splitlines() == [
+        "700 root secrets",
+        "600 root secrets/frontdoor.env",
+        "600 root secrets/vllm.env",
+        "same",
+    ]
 
 
 def test_a_crashing_server_stops_at_its_start_limit(machine):
