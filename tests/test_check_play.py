@@ -53,7 +53,10 @@ def inventory(tmp_path) -> Path:
 def check(inventory: Path, *extra: dict | str) -> PlaybookRun:
     arguments = []
     for value in extra:
-        arguments += ["-e", json.dumps(value) if isinstance(value, dict) else value]
+        if isinstance(value, str) and value.startswith("--"):
+            arguments.append(value)
+        else:
+            arguments += ["-e", json.dumps(value) if isinstance(value, dict) else value]
     return run_playbook("playbooks/check.yml", "-i", str(inventory), *arguments)
 
 
@@ -185,6 +188,20 @@ def test_a_certificate_and_key_that_do_not_belong_together_are_refused(inventory
     # The pair that belongs together passes, and the run goes on to the next refusal.
     run = check(inventory, matching | {"vllm_user": "root"})
     assert refusal(run).startswith(f"{HOST}: vllm_user='root'")
+
+
+def test_the_fleet_front_door_passes_the_same_checks(inventory):
+    hosts = yaml.safe_load(inventory.read_text())
+    hosts["all"]["children"] = {
+        "socketwise_frontdoor": {"hosts": {"lb-01": dict(hosts["all"]["hosts"][HOST])}}
+    }
+    inventory.write_text(yaml.safe_dump(hosts))
+    for given, words in (
+        ("vllm_service_fleet_port=70000", "vllm_service_fleet_port=70000: is not a port"),
+        ("vllm_service_api_key=", "vllm_service_api_key: is empty and the front door listens"),
+    ):
+        run = check(inventory, given, "--limit=lb-01")
+        assert refusal(run).startswith(f"lb-01: {words}"), refusal(run)
 
 
 def test_a_secret_never_shows_in_its_refusal(inventory):
