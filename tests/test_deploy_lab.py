@@ -256,6 +256,16 @@ def failed_start(run: PlaybookRun) -> str:
     return line
 
 
+def assert_quiet(run: PlaybookRun) -> None:
+    """A deploy a user reads: no warnings, and no retry lines that read as errors."""
+    noise = [
+        line
+        for line in run.output.splitlines()
+        if "[WARNING]" in line or "FAILED - RETRYING" in line
+    ]
+    assert not noise, "\n".join(noise)
+
+
 def test_a_first_deploy_that_cannot_start_leaves_its_units_stopped(machine, artifacts):
     # The install it made stays for the next deploy (test_sn_serves... below uses it).
     run = deploy(
@@ -268,6 +278,7 @@ def test_a_first_deploy_that_cannot_start_leaves_its_units_stopped(machine, arti
     line = failed_start(run)
     assert f"unrecognized arguments: {UNKNOWN_FLAG}" in line, line
     assert line.endswith("; nothing served here before: the new units are left stopped"), line
+    assert_quiet(run)
     for unit in ("socketwise-vllm-sn", "socketwise-lb"):
         assert on_host(machine, f"systemctl is-active {unit}", check=False) in (
             "inactive",
@@ -282,6 +293,13 @@ def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, arti
     run = deploy(artifacts, "-e", "plan_layout=sn", "-v", "--diff")
     assert run.returncode == 0, run.output[-4000:]
     assert key not in run.output
+    assert_quiet(run)
+    # Each wait says once what it waited for and how long it took.
+    assert re.search(
+        rf"{HOST}: every instance answered /health after [0-9.]+ s; 2 completions "
+        r"\(each instance, the front door\) in [0-9.]+ s",
+        run.output,
+    ), run.output[-4000:]
     assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-sn.service"]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0

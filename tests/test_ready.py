@@ -1,11 +1,12 @@
 """Readiness: every instance up, or the first one that cannot come up named at once."""
 
 import http.server
+import json
 import threading
 
 import pytest
 
-from socketwise.serve.ready import last_error, wait_ready
+from socketwise.serve.ready import complete, last_error, wait_completions, wait_ready
 
 UP = {"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0"}
 
@@ -93,3 +94,62 @@ def test_a_host_s_proxy_does_not_come_between_the_check_and_the_instance(
         [{"unit": "u", "url": health_server}], timeout=0, state=lambda unit: UP, interval=0
     )
     assert list(result["ready"]) == ["u"]
+
+
+def answer(status: int, tokens: int = 0) -> dict:
+    return {"status": status, "msg": "", "json": {"usage": {"completion_tokens": tokens}}}
+
+
+def test_completions_are_asked_for_until_each_endpoint_gives_one():
+    answers = {"a": [answer(503), answer(200, 0), answer(200, 8)], "b": [answer(200, 8)]}
+    asked = []
+
+    def post(url, model, key):
+        asked.append(url)
+        return answers[url].pop(0)
+
+    result = wait_completions(["a", "b"], "m", "k", timeout=60, post=post, interval=0)
+    # A 200 with no generated tokens is not a completion; an endpoint that gave one is
+    # asked no more.
+    assert asked == ["a", "b", "a", "a"]
+    assert result["problems"] == []
+    assert [r["url"] for r in result["results"]] == ["a", "b"]
+    assert result["results"][0]["json"]["usage"]["completion_tokens"] == 8
+
+
+def test_an_endpoint_that_never_completes_is_named_with_its_last_answer():
+    result = wait_completions(
+        ["a"], "m", "", timeout=0, post=lambda *_: {**answer(503), "msg": "Unavailable"}
+    )
+    assert result["problems"] == ["a: HTTP 503 Unavailable"]
+
+
+def test_a_completion_carries_the_key_and_model_and_reaches_a_real_server():
+    seen = {}
+
+    class Completions(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen["auth"] = self.headers["Authorization"]
+            seen["body"] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = json.dumps({"usage": {"completion_tokens": 8}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Completions)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = wait_completions([url], "tiny", "sekrit", timeout=5, interval=0)
+        nothing = complete("http://127.0.0.1:9", "tiny", "")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result["problems"] == []
+    assert seen["auth"] == "Bearer sekrit" and seen["body"]["model"] == "tiny"
+    assert nothing["status"] == 0

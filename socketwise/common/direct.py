@@ -8,18 +8,23 @@ address answers late or not at all, so the check times out instead of answering.
 
 from __future__ import annotations
 
+import ssl
 import urllib.request
 from collections.abc import Mapping
 from http.client import HTTPResponse
 from urllib.parse import urlsplit
 
 
-def urlopen(url: str | urllib.request.Request, timeout: float) -> HTTPResponse:
-    """urllib.request.urlopen, without the environment's proxies."""
+def urlopen(
+    url: str | urllib.request.Request, timeout: float, context: ssl.SSLContext | None = None
+) -> HTTPResponse:
+    """urllib.request.urlopen, without the environment's proxies (`context`: for https)."""
     # build_opener adds a ProxyHandler that reads the environment unless it is given one;
     # an empty one uses no proxy at all.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return opener.open(url, timeout=timeout)
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers).open(url, timeout=timeout)
 
 
 def bypassing_proxies(environment: Mapping[str, str], url: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Wait until every instance answers /health, or stop as soon as one cannot come up.
+"""Wait until every instance answers /health, or stop as soon as one cannot come up; then
+until each endpoint gives a real completion.
 
 Stdlib only: shipped to hosts as the role's module_utils package (roles/vllm_service).
 A unit that fails or restarts while it is awaited will not come up on its own (a bad
@@ -8,14 +9,21 @@ rollback, so the wait ends there with the unit's last journal lines.
 
 from __future__ import annotations
 
+import json
+import ssl
 import subprocess
 import time
 import urllib.error
+import urllib.request
 from collections.abc import Callable
 
 from ..common.direct import urlopen
 
 JOURNAL_LINES = 15
+COMPLETION = {"prompt": "socketwise says hello", "max_tokens": 8}
+# The kit's own front doors, addressed by IP, may serve a certificate made for a name or
+# signed by a private CA the host does not hold: the check is that it serves, not who it is.
+UNVERIFIED = ssl._create_unverified_context()
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -82,4 +90,68 @@ def wait_ready(
         waiting = [i["unit"] for i in instances if i["unit"] not in ready]
         if not waiting or time.monotonic() - started > timeout:
             return {"ready": ready, "failed": {}, "waiting": waiting}
+        time.sleep(interval)
+
+
+def complete(url: str, model: str, api_key: str, timeout: float = 30) -> dict:
+    """One completion from `url`/v1/completions: {"status", "msg", "json"} (status 0: no
+    answer at all). An empty `model` asks for the endpoint's only one."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps({**({"model": model} if model else {}), **COMPLETION}).encode(),
+        headers=headers,
+        method="POST",
+    )
+    try:
+        with urlopen(request, timeout, context=UNVERIFIED) as answer:
+            return {"status": answer.status, "msg": "OK", "json": json.loads(answer.read())}
+    except urllib.error.HTTPError as error:
+        return {"status": error.code, "msg": str(error.reason), "json": {}}
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return {"status": 0, "msg": str(getattr(error, "reason", error)), "json": {}}
+
+
+def completed(answer: dict) -> bool:
+    """An answer with generated tokens in it, not just a 200."""
+    usage = answer["json"].get("usage") if isinstance(answer["json"], dict) else None
+    return (
+        answer["status"] == 200
+        and isinstance(usage, dict)
+        and usage.get("completion_tokens", 0) > 0
+    )
+
+
+def wait_completions(
+    urls: list[str],
+    model: str,
+    api_key: str,
+    timeout: float,
+    post: Callable[[str, str, str], dict] = complete,
+    interval: float = 5.0,
+) -> dict:
+    """Ask each of `urls` for a completion until it gives one, or `timeout` passes. Returns
+    {"results": [{"url", "status", "msg", "json", "seconds"}] in the order of `urls` (each
+    URL's first completion, or its last answer), "problems": ["URL: HTTP status msg"] of those
+    that gave none, "seconds": how long it all took}."""
+    started = time.monotonic()
+    answers: dict[str, dict] = {}
+    while True:
+        for url in urls:
+            if url in answers and completed(answers[url]):
+                continue
+            answer = post(url, model, api_key)
+            answers[url] = {"url": url, **answer, "seconds": round(time.monotonic() - started, 1)}
+        waiting = [url for url in urls if not completed(answers[url])]
+        if not waiting or time.monotonic() - started > timeout:
+            return {
+                "results": [answers[url] for url in urls],
+                "problems": [
+                    f"{url}: HTTP {answers[url]['status']} {answers[url]['msg']}".rstrip()
+                    for url in waiting
+                ],
+                "seconds": round(time.monotonic() - started, 1),
+            }
         time.sleep(interval)

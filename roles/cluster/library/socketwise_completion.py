@@ -1,0 +1,1 @@
+../../vllm_service/library/socketwise_completion.py

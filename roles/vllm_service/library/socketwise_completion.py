@@ -1,0 +1,70 @@
+#!/usr/bin/python
+"""Ansible door into socketwise.serve.ready.wait_completions (shipped as module_utils)."""
+
+DOCUMENTATION = r"""
+---
+module: socketwise_completion
+short_description: Ask endpoints for a real completion until each gives one
+description:
+  - POSTs a short completion to each URL's /v1/completions until it answers 200 with
+    generated tokens, or I(timeout) passes. One result per endpoint, with the seconds it
+    took; never fails itself (the task after it decides, naming the host).
+  - The key is a no_log option: it reaches neither the output nor the result.
+  - Read-only.
+options:
+  urls:
+    description: Base URLs (scheme, address, port) of the endpoints.
+    type: list
+    elements: str
+    required: true
+  model:
+    description: The served model name to ask for; empty for the endpoint's only one.
+    type: str
+    default: ""
+  api_key:
+    description: The front door's key; empty for an endpoint without one.
+    type: str
+    default: ""
+  timeout:
+    description: Seconds to keep asking at most.
+    type: int
+    default: 60
+author: socketwise
+"""
+
+RETURN = r"""
+results:
+  description: Per URL, its first completion or last answer (url, status, msg, json, seconds).
+  type: list
+  returned: always
+problems:
+  description: "URL: HTTP status reason" of each endpoint that gave no completion.
+  type: list
+  returned: always
+seconds:
+  description: Seconds from the call until every endpoint answered (or the timeout).
+  type: float
+  returned: always
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.socketwise.serve.ready import wait_completions
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "urls": {"type": "list", "elements": "str", "required": True},
+            "model": {"type": "str", "default": ""},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "timeout": {"type": "int", "default": 60},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    result = wait_completions(params["urls"], params["model"], params["api_key"], params["timeout"])
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
