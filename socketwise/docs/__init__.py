@@ -1,0 +1,1 @@
+"""The documentation site's generated pages: reference built from the code, never committed."""
