@@ -12,7 +12,7 @@ import sys
 from socketwise.facts import topology
 from socketwise.lab import machines
 from socketwise.measure import sweep
-from socketwise.plan import planner
+from socketwise.plan import command as plan_command
 from socketwise.report import render
 
 
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     topology.register(subparsers)
-    planner.register(subparsers)
+    plan_command.register(subparsers)
     machines.register(subparsers)
     sweep.register(subparsers, write_report=render.write)
     render.register(subparsers)

@@ -14,7 +14,7 @@ from ansible.plugins.filter.core import comment
 
 from socketwise.facts.topology import detect
 from socketwise.plan.cluster import ClusterRequest, plan_cluster, plan_hosts
-from socketwise.plan.planner import PlanError
+from socketwise.plan.nodes import PlanError
 from socketwise.serve.unitvalues import quote
 
 from .machines import build_machine
@@ -154,6 +154,24 @@ def test_auto_pipelines_only_a_model_no_single_host_holds(hosts):
     )
 
 
+def test_auto_needs_the_layer_count_only_where_it_splits_the_layers(hosts):
+    two = hosts("r730", "milan")
+    small = plan_hosts(two, ClusterRequest(model_gb=8), "auto")
+    assert (small["layout"], small["host"]) == ("sn", "r730")
+    with pytest.raises(PlanError) as refused:
+        plan_hosts(two, ClusterRequest(model_gb=500), "auto")
+    assert refused.value.field == "layers"
+    message = str(refused.value)
+    assert message.startswith("no host serves the model alone (r730: model 500 GB fits no node")
+    assert "; milan: model 500 GB fits no node" in message and "\n" not in message
+    assert message.endswith(
+        "so auto pipelines it over the hosts, which splits its layers between them: give the "
+        "model's layer count (its num_hidden_layers)"
+    )
+    with pytest.raises(PlanError, match="a pipeline splits the layers over the hosts"):
+        plan_hosts(two, ClusterRequest(model_gb=8), "pp")
+
+
 def socketwise(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "socketwise.cli", *args], capture_output=True, text=True
@@ -173,8 +191,18 @@ def test_cli_plans_a_cluster_from_one_topology_file_per_host(hosts, tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.strip() == (
         "socketwise plan: error: --model-layers: give the model's layer count "
-        "(its num_hidden_layers)"
+        "(its num_hidden_layers): a pipeline splits the layers over the hosts"
     )
+    # auto: a model one host holds needs no layer count; one that must be split does.
+    alone = socketwise("plan", *files, "--model-gb", "8")
+    assert alone.returncode == 0, alone.stderr
+    assert (json.loads(alone.stdout)["layout"], json.loads(alone.stdout)["host"]) == ("sn", "r730")
+    refused = socketwise("plan", *files, "--model-gb", "500")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(
+        "socketwise plan: error: --model-layers: no host serves the model alone (r730: "
+    )
+    assert "splits its layers between them: give the model's layer count" in refused.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     refused = socketwise("plan", *files, "--topology", str(bad), "--model-layers", "61")

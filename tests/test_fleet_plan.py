@@ -103,6 +103,23 @@ def test_a_bad_topology_file_stops_the_host_with_one_line(tmp_path):
     assert f"spr-01: socketwise_topology_file={saved}: cannot read topology file" in done.output
 
 
+def test_a_topology_file_with_a_key_of_the_wrong_kind_stops_the_host_with_one_line(tmp_path):
+    with tempfile.TemporaryDirectory() as root:
+        topo = detect(build_machine("snc", Path(root) / "snc"))
+    topo["isa"] = sorted(flag for flag, present in topo["isa"].items() if present)
+    saved = tmp_path / "listed-isa.json"
+    saved.write_text(json.dumps(topo))
+    done = run_playbook(
+        "playbooks/plan.yml", "-i", str(FLEET), "--limit", "spr-01",
+        "-e", f"socketwise_topology_file={saved}", env={"SOCKETWISE_ARTIFACTS": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        f"spr-01: socketwise_topology_file={saved}: malformed topology: isa is [" in done.output
+        and "not an object of flags" in done.output
+    )
+
+
 def test_a_change_of_cores_on_one_instance_is_named():
     with tempfile.TemporaryDirectory() as root:
         topo = detect(build_machine("r730", Path(root) / "r730"))

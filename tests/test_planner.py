@@ -5,8 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from socketwise.facts.topology import detect
+from socketwise.plan.nodes import read_topology
 from socketwise.plan.planner import PlanError, PlanRequest, os_reserve_gb, plan
 
 from .machines import MACHINES, build_machine
@@ -107,14 +110,9 @@ def test_kv_cache_follows_the_documented_formula(topo):
     assert result["instances"][0]["kvcache_gb"] == 40
 
 
-@pytest.mark.parametrize("name", sorted(MACHINES))
-@pytest.mark.parametrize("layout", ["sn", "tp", "dp", "auto"])
-def test_plans_never_overcommit_a_node_or_share_a_core(topo, name, layout):
-    facts = topo(name)
-    try:
-        result = plan(facts, PlanRequest(layout=layout, model_gb=4, split_nodes=True))
-    except PlanError as exc:
-        pytest.skip(f"{name} cannot hold {layout}: {exc}")
+def assert_fits(facts: dict, result: dict, model_gb: float) -> None:
+    """No rank on a memory-only node or across nodes, one thread per physical core, no CPU
+    shared, and every node's weights, KV caches and OS reserve within its memory."""
     nodes = {n["id"]: n for n in facts["nodes"]}
     used_cpus: list[int] = []
     weight_gb: dict[int, float] = {}
@@ -128,12 +126,54 @@ def test_plans_never_overcommit_a_node_or_share_a_core(topo, name, layout):
             cores_hit = [c for c in node["cores"] if set(c) & set(rank["cpus"])]
             assert len(cores_hit) == len(rank["cpus"])
             used_cpus += rank["cpus"]
-            weight_gb[rank["node"]] = weight_gb.get(rank["node"], 0) + 4 / instance["tp"]
+            weight_gb[rank["node"]] = weight_gb.get(rank["node"], 0) + model_gb / instance["tp"]
             kv_gb[rank["node"]] = kv_gb.get(rank["node"], 0) + instance["kvcache_gb"]
     assert len(used_cpus) == len(set(used_cpus)), "two ranks share a CPU"
     for node_id, kv in kv_gb.items():
         node_gb = nodes[node_id]["memory_mb"] / 1024
         assert kv + weight_gb[node_id] + os_reserve_gb(node_gb) <= node_gb
+
+
+@pytest.mark.parametrize("name", sorted(MACHINES))
+@pytest.mark.parametrize("layout", ["sn", "tp", "dp", "auto"])
+def test_plans_never_overcommit_a_node_or_share_a_core(topo, name, layout):
+    # Every fixture machine holds a 4 GB model in every layout (split nodes let DP and TP
+    # use one-node machines): a PlanError here is a refusal of a plan the host can hold.
+    facts = topo(name)
+    assert_fits(facts, plan(facts, PlanRequest(layout=layout, model_gb=4, split_nodes=True)), 4)
+
+
+@pytest.fixture(scope="module")
+def every_machine(tmp_path_factory) -> dict[str, dict]:
+    return {
+        name: detect(build_machine(name, tmp_path_factory.mktemp(name)))
+        for name in sorted(MACHINES)
+    }
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(
+    name=st.sampled_from(sorted(MACHINES)),
+    layout=st.sampled_from(["sn", "tp", "dp", "auto"]),
+    model_gb=st.floats(min_value=0, max_value=2048),
+)
+def test_any_model_size_is_planned_within_the_nodes_or_refused_for_its_size(
+    every_machine, name, layout, model_gb
+):
+    facts = every_machine[name]
+    request = PlanRequest(layout=layout, model_gb=model_gb, split_nodes=True)
+    try:
+        result = plan(facts, request)
+    except PlanError as refused:
+        # The one refusal a valid request may meet: the model is too large for the host.
+        assert refused.field == "model_gb", refused
+        # ... and then a larger one is refused too.
+        with pytest.raises(PlanError):
+            plan(facts, PlanRequest(layout=layout, model_gb=2 * model_gb, split_nodes=True))
+        return
+    assert_fits(facts, result, model_gb)
+    # A smaller model fits wherever this one did.
+    plan(facts, PlanRequest(layout=layout, model_gb=model_gb / 2, split_nodes=True))
 
 
 def test_smt_siblings_are_never_inference_threads(topo):
@@ -342,3 +382,70 @@ def test_numbers_no_plan_can_use_are_refused_naming_the_input(topo, request_, fi
     with pytest.raises(PlanError) as refused:
         plan(topo("r730"), request_)
     assert refused.value.field == field
+
+
+# Keys a hand-edited topology gets wrong: each refused in one line naming the key path, the
+# value as the file spells it and what it should be (once a traceback, or a plan from a
+# document that contradicts itself).
+BAD_TOPOLOGY = {
+    "cpus-text": (
+        lambda doc: doc["nodes"][0].update(cpus="0-27"),
+        'nodes[0].cpus is "0-27", not a list of CPU numbers (such as [0, 1, 2, 3])',
+    ),
+    "sockets-null": (
+        lambda doc: doc.update(sockets=None),
+        "sockets is null, not a list of sockets (objects)",
+    ),
+    "isa-list": (
+        lambda doc: doc.update(isa=["avx2"]),
+        'isa is ["avx2"], not an object of flags (such as {"avx2": true})',
+    ),
+    "cpu-list": (
+        lambda doc: doc.update(cpu=["GenuineIntel"]),
+        'cpu is ["GenuineIntel"], not an object',
+    ),
+    "core-of-another-node": (
+        lambda doc: doc["nodes"][0]["cores"].append([1]),
+        "nodes[0].cores[14] is [1], with CPU 1 that nodes[0].cpus "
+        "(0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38,40,42,44,46,48,50,52,54) "
+        "does not have: a core lists only its node's CPUs",
+    ),
+}
+
+
+def _broken(topo, case: str) -> dict:
+    doc = topo("r730")
+    BAD_TOPOLOGY[case][0](doc)
+    return doc
+
+
+@pytest.mark.parametrize("case", BAD_TOPOLOGY)
+def test_a_topology_key_of_the_wrong_kind_is_refused_by_the_planner(topo, case):
+    with pytest.raises(PlanError) as refused:
+        plan(_broken(topo, case), PlanRequest(model_gb=8))
+    assert refused.value.field == "topology"
+    assert f"malformed topology: {BAD_TOPOLOGY[case][1]}" in str(refused.value)
+
+
+@pytest.mark.parametrize("case", BAD_TOPOLOGY)
+def test_a_topology_file_with_a_key_of_the_wrong_kind_is_refused_in_one_line(topo, tmp_path, case):
+    path = tmp_path / "r730.json"
+    path.write_text(json.dumps(_broken(topo, case)))
+    with pytest.raises(PlanError, match="malformed topology"):
+        read_topology(path)
+    good = tmp_path / "milan.json"
+    good.write_text(json.dumps(topo("milan")))
+    expected = f"socketwise plan: error: --topology {path}: malformed topology: "
+    # One host, and the same file as one of a cluster's hosts.
+    for extra in ([], ["--topology", str(good), "--model-layers", "32"]):
+        result = run_cli("plan", "--topology", str(path), *extra, "--model-gb", "8")
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1
+        assert BAD_TOPOLOGY[case][1] in result.stderr
+
+
+def test_a_topology_without_the_optional_keys_still_plans():
+    # Hand-written documents may leave out cpus, sockets and cpu: only a key given is checked.
+    minimal = {"schema": 1, "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}]}
+    minimal["isa"] = {"avx2": True}
+    assert plan(minimal, PlanRequest(layout="sn"))["layout"] == "sn"

@@ -25,17 +25,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .hwclass import BUILD_CLASSES, BuildRefused, build
-from .planner import (
-    MAX_PORT,
-    MIN_KV_GB,
-    PlanError,
-    PlanRequest,
-    _cpu_nodes,
-    _Node,
-    _reserve_for,
-    os_reserve_gb,
-    plan,
-)
+from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
+from .planner import MAX_PORT, MIN_KV_GB, PlanRequest, plan
 
 ENGINES = ("vllm", "llamacpp")
 
@@ -43,7 +34,7 @@ ENGINES = ("vllm", "llamacpp")
 @dataclass(frozen=True)
 class ClusterRequest:
     model_gb: float
-    layers: int
+    layers: int | None = None  # num_hidden_layers: needed where the layers are split
     engine: str = "vllm"
     stages: int | None = None  # hosts used, in order (default: all)
     port: int = 8000  # the front door, on the head
@@ -54,7 +45,7 @@ class ClusterRequest:
     build_class: str | None = None
 
 
-def _usable_gb(node: _Node) -> float:
+def _usable_gb(node: Node) -> float:
     return max(0.0, node.gb - os_reserve_gb(node.gb))
 
 
@@ -86,6 +77,12 @@ def _check(hosts: list[tuple[str, dict]], request: ClusterRequest) -> int:
     names = [name for name, _ in hosts]
     if len(set(names)) != len(names):
         raise PlanError("topology", f"hosts {names} repeat a name: give each host once")
+    if request.layers is None:
+        raise PlanError(
+            "layers",
+            "give the model's layer count (its num_hidden_layers): a pipeline splits the "
+            "layers over the hosts",
+        )
     if not isinstance(request.layers, int) or request.layers < 1:
         raise PlanError(
             "layers",
@@ -177,12 +174,11 @@ def _devices(hosts: list[tuple[str, dict]], request: ClusterRequest) -> list[dic
     head_name, head_topo = hosts[0]
     head = plan(head_topo, _host_request(request, "sn", 0.0))["instances"][0]
     head_node = head["ranks"][0]["node"]
-    node = next(n for n in _cpu_nodes(head_topo) if n.id == head_node)
+    node = next(n for n in cpu_nodes(head_topo) if n.id == head_node)
     devices = [{"host": head_name, "node": head_node, "gb": _usable_gb(node), "stage": head}]
-    reserve = _host_request(request, "sn", 0.0)
     for name, topo in hosts[1:]:
-        for index, node in enumerate(sorted(_cpu_nodes(topo), key=lambda n: n.id)):
-            cores = node.cores[: len(node.cores) - _reserve_for(node, reserve)]
+        for index, node in enumerate(sorted(cpu_nodes(topo), key=lambda n: n.id)):
+            cores = node.cores[: len(node.cores) - reserve_for(node, request.reserve_cores)]
             cpus = [core[0] for core in cores]
             devices.append(
                 {"host": name, "node": node.id, "gb": _usable_gb(node), "cpus": cpus,
@@ -246,7 +242,8 @@ def _llamacpp_hosts(hosts, request: ClusterRequest) -> tuple[list[dict], dict]:
 
 def plan_hosts(hosts: list[tuple[str, dict]], request: ClusterRequest, layout: str) -> dict:
     """`pp`: plan_cluster. `auto`: the first host the model fits alone serves it alone (its
-    own plan, with `host`), else pipeline parallel over the hosts."""
+    own plan, with `host`; the layer count is not needed), else pipeline parallel over the
+    hosts (which needs it)."""
     if layout == "pp":
         return plan_cluster(hosts, request)
     if layout != "auto":
@@ -255,10 +252,12 @@ def plan_hosts(hosts: list[tuple[str, dict]], request: ClusterRequest, layout: s
             f"layout {layout} plans one host: give one topology",
             ["layout pp", "layout auto"],
         )
+    refused = []
     for name, topo in hosts:
         try:
             alone = plan(topo, _host_request(request, "auto", request.model_gb))
-        except PlanError:
+        except PlanError as exc:
+            refused.append(f"{name}: {exc}")
             continue
         alone["host"] = name
         alone["reason"] = (
@@ -266,6 +265,13 @@ def plan_hosts(hosts: list[tuple[str, dict]], request: ClusterRequest, layout: s
             f"no pipeline across hosts; {alone['reason']}"
         )
         return alone
+    if request.layers is None:
+        raise PlanError(
+            "layers",
+            f"no host serves the model alone ({'; '.join(refused)}), so auto pipelines it "
+            "over the hosts, which splits its layers between them: give the model's layer "
+            "count (its num_hidden_layers)",
+        )
     clustered = plan_cluster(hosts, request)
     clustered["reason"] = (
         f"auto: model {request.model_gb:g} GB fits no single host, so it is pipelined over "
@@ -282,7 +288,7 @@ def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
     stages = _check(hosts, request)
     hosts = hosts[:stages]
     built = _one_build(hosts, request)
-    usable = [sum(_usable_gb(n) for n in _cpu_nodes(topo)) for _, topo in hosts]
+    usable = [sum(_usable_gb(n) for n in cpu_nodes(topo)) for _, topo in hosts]
     total = sum(usable)
     if total - request.model_gb < MIN_KV_GB * stages:
         raise PlanError(

@@ -1,7 +1,8 @@
 """The layout planner: topology facts + a request -> where every vLLM rank runs.
 
-Plain Python with no Ansible import. The CLI (`socketwise plan`) and the Ansible
-filter `socketwise_plan` are thin doors into `plan()`.
+Plain Python with no Ansible import. The CLI (`socketwise plan`, in `command`) and the
+Ansible filter `socketwise_plan` are thin doors into `plan()`; the host as the planner
+sees it (the checked topology, its NUMA nodes) is `nodes`.
 
 Rules (see README, "The plan"):
 - One OpenMP thread per physical core: the lowest logical CPU of each core; SMT
@@ -30,16 +31,12 @@ Rules (see README, "The plan"):
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from ..facts import topology  # relative: shipped to hosts with host.tuning
 from .hwclass import BuildRefused, build, hardware_class
+from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
 
 LAYOUTS = ("sn", "tp", "dp", "auto")
 DP_MODES = ("instances", "vllm")
@@ -48,18 +45,6 @@ DP_MODES = ("instances", "vllm")
 DEFAULT_CROSSOVER = 6.0
 MIN_KV_GB = 1
 KV_FRACTION = 0.75
-
-
-class PlanError(ValueError):
-    """A request this host cannot meet. `field` names the input at fault."""
-
-    def __init__(self, field: str, message: str, alternatives: list[str] | None = None):
-        self.field = field
-        self.alternatives = alternatives or []
-        text = message
-        if self.alternatives:
-            text += "; plans that would work: " + ", ".join(self.alternatives)
-        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -96,110 +81,6 @@ class PlanRequest:
         return cls(**converted)
 
 
-@dataclass(frozen=True)
-class _Node:
-    id: int
-    gb: float
-    cores: list[list[int]]  # online logical CPUs of each physical core
-    distances: dict[int, int]  # node id -> NUMA distance from this node
-
-
-def default_reserve_cores(core_count: int) -> int:
-    if core_count >= 8:
-        return 2
-    if core_count >= 4:
-        return 1
-    return 0
-
-
-def os_reserve_gb(node_gb: float) -> float:
-    return max(1.0, 0.1 * node_gb)
-
-
-def _malformed(where: str, what: str) -> PlanError:
-    return PlanError(
-        "topology",
-        f"malformed topology: {where} {what}; give the document `socketwise topology` "
-        'prints (schema 1, README "Topology facts")',
-    )
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_topology(topo: object) -> None:
-    """The keys the planner reads, each of the type it needs, named where one is not."""
-    if not isinstance(topo, dict):
-        raise _malformed("the document", "is not a JSON object")
-    if topo.get("schema") != 1:
-        raise _malformed("schema", f"is {topo.get('schema')!r}, not 1")
-    nodes = topo.get("nodes")
-    if not isinstance(nodes, list) or not nodes:
-        raise _malformed("nodes", "must be a non-empty list")
-    for i, node in enumerate(nodes):
-        where = f"nodes[{i}]"
-        if not isinstance(node, dict):
-            raise _malformed(where, "is not an object")
-        if not _whole(node.get("id")) or node["id"] < 0:
-            raise _malformed(f"{where}.id", f"is {node.get('id')!r}, not a node number")
-        if not _number(node.get("memory_mb")) or node["memory_mb"] < 0:
-            raise _malformed(f"{where}.memory_mb", "must be a number of MB >= 0")
-        cores = node.get("cores")
-        if not isinstance(cores, list):
-            raise _malformed(f"{where}.cores", "must be a list of cores (lists of CPUs)")
-        for j, core in enumerate(cores):
-            if not isinstance(core, list) or not core or not all(_whole(c) for c in core):
-                raise _malformed(f"{where}.cores[{j}]", "must be a non-empty list of CPU numbers")
-        distances = node.get("distances", [])
-        if not isinstance(distances, list) or not all(_number(d) for d in distances):
-            raise _malformed(f"{where}.distances", "must be a list of numbers")
-    if len({node["id"] for node in nodes}) != len(nodes):
-        raise _malformed("nodes", "repeat a node id")
-    gpus = topo.get("gpus", [])
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-        raise _malformed("gpus", "must be a list of objects")
-
-
-def _cpu_nodes(topo: dict) -> list[_Node]:
-    _check_topology(topo)
-    ids = sorted(n["id"] for n in topo["nodes"])
-    nodes = [
-        _Node(
-            n["id"],
-            n["memory_mb"] / 1024,
-            [list(c) for c in n["cores"]],
-            # A node's row of the distance matrix, in node id order.
-            dict(zip(ids, n.get("distances", []), strict=False)),
-        )
-        for n in topo["nodes"]
-    ]
-    with_cpus = [n for n in nodes if n.cores]
-    if not with_cpus:
-        raise PlanError("topology", "topology has no NUMA node with online CPUs")
-    return with_cpus
-
-
-def _reserve_for(node: _Node, request: PlanRequest) -> int:
-    count = len(node.cores)
-    if request.reserve_cores is None:
-        return default_reserve_cores(count)
-    if request.reserve_cores < 0:
-        raise PlanError("reserve_cores", f"reserve cores {request.reserve_cores} is negative")
-    if request.reserve_cores >= count:
-        raise PlanError(
-            "reserve_cores",
-            f"reserve cores {request.reserve_cores} >= the {count} physical cores of node "
-            f"{node.id}: nothing would be left for inference",
-            [f"reserve cores {k}" for k in range(min(count, 3))],
-        )
-    return request.reserve_cores
-
-
 def _split(cores: list[list[int]], groups: int) -> list[list[list[int]]]:
     """`groups` contiguous, disjoint, equal groups of cores; leftovers stay unused."""
     size = len(cores) // groups
@@ -221,12 +102,12 @@ def _describe_counts(what: str, counts: list[int]) -> list[str]:
     return shown
 
 
-def _spread_cost(group: tuple[_Node, ...]) -> int:
+def _spread_cost(group: tuple[Node, ...]) -> int:
     """Sum of the NUMA distances between every pair of nodes (unknown: the local 10)."""
     return sum(a.distances.get(b.id, 10) for a, b in itertools.combinations(group, 2))
 
 
-def _closest(nodes: list[_Node], count: int) -> list[_Node]:
+def _closest(nodes: list[Node], count: int) -> list[Node]:
     """The `count` nodes closest to each other by the distance matrix (ties: lowest ids), so
     a TP group on a ring of four sockets takes neighbours, not the lowest node numbers."""
     if count >= len(nodes):
@@ -236,10 +117,10 @@ def _closest(nodes: list[_Node], count: int) -> list[_Node]:
 
 
 def _place_ranks(
-    nodes: list[_Node], ranks: int, request: PlanRequest, split: bool, what: str, equal: bool
+    nodes: list[Node], ranks: int, request: PlanRequest, split: bool, what: str, equal: bool
 ) -> list[dict]:
     """Spread `ranks` over the nodes in id order (SNC nodes of a socket are adjacent)."""
-    usable = [len(n.cores) - _reserve_for(n, request) for n in nodes]
+    usable = [len(n.cores) - reserve_for(n, request.reserve_cores) for n in nodes]
     valid = _valid_rank_counts(len(nodes), usable, split)
     if ranks not in valid:
         hint = "" if split else " (ranks beyond the node count need --split-nodes)"
@@ -305,22 +186,22 @@ def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: in
     }
 
 
-def _holds(node: _Node, weights_gb: float) -> bool:
+def _holds(node: Node, weights_gb: float) -> bool:
     return node.gb - os_reserve_gb(node.gb) - weights_gb >= MIN_KV_GB
 
 
-def _fits_one_node(nodes: list[_Node], model_gb: float) -> bool:
+def _fits_one_node(nodes: list[Node], model_gb: float) -> bool:
     return any(_holds(n, model_gb) for n in nodes)
 
 
-def _smallest_tp(nodes: list[_Node], model_gb: float) -> int | None:
+def _smallest_tp(nodes: list[Node], model_gb: float) -> int | None:
     for ranks in range(2, len(nodes) + 1):
         if all(_holds(n, model_gb / ranks) for n in _closest(nodes, ranks)):
             return ranks
     return None
 
 
-def _decide(nodes: list[_Node], request: PlanRequest) -> tuple[str, int | None, str]:
+def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, str]:
     """Resolve `auto` into (layout, ranks, reason)."""
     size = f"model {request.model_gb:g} GB"
     if request.layout != "auto":
@@ -408,7 +289,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
             "dp_mode", f"unknown DP mode {request.dp_mode!r}", [f"dp mode {x}" for x in DP_MODES]
         )
     _check_numbers(request)
-    nodes = _cpu_nodes(topo)
+    nodes = cpu_nodes(topo)
     try:
         build_of_host = build(topo, request.build_class)
     except BuildRefused as exc:
@@ -487,161 +368,9 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     }
 
 
-def _node_use(node: _Node, placed: list[dict]) -> dict:
+def _node_use(node: Node, placed: list[dict]) -> dict:
     """Which CPUs of a serving node infer and which are left to the OS (IRQs go there)."""
     inference = sorted(core[0] for r in placed if r["node"] == node.id for core in r["cores"])
     serving = {cpu for r in placed if r["node"] == node.id for core in r["cores"] for cpu in core}
     reserved = sorted(cpu for core in node.cores for cpu in core if cpu not in serving)
     return {"node": node.id, "inference_cpus": inference, "reserved_cpus": reserved}
-
-
-# --- CLI door -------------------------------------------------------------------------
-
-_FLAGS = {
-    "layout": "--layout",
-    "ranks": "--ranks",
-    "model_gb": "--model-gb",
-    "reserve_cores": "--reserve-cores",
-    "kv_gb": "--kv-gb",
-    "concurrency": "--concurrency",
-    "crossover": "--crossover",
-    "dp_mode": "--dp-mode",
-    "topology": "--topology/--root",
-    "port": "--port",
-    "build_class": "--build-class",
-    "layers": "--model-layers",
-    "engine": "--engine",
-    "stages": "--stages",
-    "master_port": "--master-port",
-    "rpc_port": "--rpc-port",
-}
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "plan",
-        help="plan where vLLM ranks run on a host (JSON on stdout)",
-        description="Plan the vLLM layout for one host from its topology facts.",
-    )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--topology",
-        type=Path,
-        action="append",
-        help="topology JSON (from `socketwise topology`); several, one per host with the "
-        "head first, plan a cluster (its file names name the hosts)",
-    )
-    source.add_argument("--root", default=None, help="detect from this root instead (default /)")
-    parser.add_argument("--layout", default="auto", help="sn, tp, dp, pp or auto (default auto)")
-    parser.add_argument("--ranks", type=int, help="TP or DP ranks (default: one per node)")
-    parser.add_argument("--model-gb", type=float, default=0.0, help="weight size in GB")
-    parser.add_argument("--reserve-cores", type=int, help="cores per node left to the OS")
-    parser.add_argument("--kv-gb", type=int, help="KV cache per rank in GB (default: sized)")
-    parser.add_argument("--concurrency", type=float, help="expected concurrent requests")
-    parser.add_argument("--crossover", type=float, help="measured SN/DP crossover (concurrency)")
-    parser.add_argument(
-        "--dp-mode", default="instances", help="instances (behind a LB, default) or vllm"
-    )
-    parser.add_argument(
-        "--split-nodes", action="store_true", help="allow several TP ranks on one node"
-    )
-    parser.add_argument("--port", type=int, default=8000, help="public port (default 8000)")
-    parser.add_argument(
-        "--build-class", help="avx2, avx512, amx or zen instead of the detected class"
-    )
-    cluster = parser.add_argument_group("clusters (several --topology, or --layout pp)")
-    cluster.add_argument("--model-layers", type=int, help="the model's layer count")
-    cluster.add_argument("--engine", default="vllm", help="vllm (default) or llamacpp")
-    cluster.add_argument("--stages", type=int, help="hosts the pipeline uses (default all)")
-    cluster.add_argument("--master-port", type=int, default=29501, help="vLLM's, on the head")
-    cluster.add_argument("--rpc-port", type=int, default=50052, help="llama.cpp's first RPC port")
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.layout == "pp" or len(args.topology or []) > 1:
-        return _run_cluster(args)
-    try:
-        topo = _load_topology(args)
-        result = plan(
-            topo,
-            PlanRequest(
-                layout=args.layout,
-                ranks=args.ranks,
-                model_gb=args.model_gb,
-                reserve_cores=args.reserve_cores,
-                kv_gb=args.kv_gb,
-                concurrency=args.concurrency,
-                crossover=args.crossover,
-                dp_mode=args.dp_mode,
-                split_nodes=args.split_nodes,
-                port=args.port,
-                build_class=args.build_class,
-            ),
-        )
-    except PlanError as exc:
-        source = args.topology[0] if exc.field == "topology" and args.topology else None
-        flag = f"--topology {source}" if source else _FLAGS.get(exc.field, exc.field)
-        print(f"socketwise plan: error: {flag}: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-def _run_cluster(args: argparse.Namespace) -> int:
-    # Imported here: the cluster planner builds on this module's.
-    from .cluster import ClusterRequest, plan_hosts
-
-    files = args.topology or []
-    try:
-        if not files:
-            raise PlanError("topology", "a cluster plan reads one --topology file per host")
-        if args.model_layers is None:
-            raise PlanError("layers", "give the model's layer count (its num_hidden_layers)")
-        hosts = []
-        for path in files:
-            try:
-                hosts.append((path.stem, read_topology(path)))
-            except PlanError as exc:
-                raise PlanError("topology", f"{path}: {exc}") from exc
-        result = plan_hosts(
-            hosts,
-            ClusterRequest(
-                model_gb=args.model_gb,
-                layers=args.model_layers,
-                engine=args.engine,
-                stages=args.stages,
-                port=args.port,
-                master_port=args.master_port,
-                rpc_port=args.rpc_port,
-                reserve_cores=args.reserve_cores,
-                kv_gb=args.kv_gb,
-                build_class=args.build_class,
-            ),
-            args.layout,
-        )
-    except PlanError as exc:
-        print(f"socketwise plan: error: {_FLAGS.get(exc.field, exc.field)}: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-def _load_topology(args: argparse.Namespace) -> dict:
-    if args.topology is None:
-        try:
-            return topology.detect(args.root or "/")
-        except topology.TopologyError as exc:
-            raise PlanError("topology", str(exc)) from exc
-    return read_topology(args.topology[0])
-
-
-def read_topology(path: Path) -> dict:
-    """A saved topology document (`socketwise topology` output), checked as plan() would;
-    PlanError("topology", ...) names what is wrong with it."""
-    try:
-        topo = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanError("topology", f"cannot read topology file {path}: {exc}") from exc
-    _check_topology(topo)
-    return topo

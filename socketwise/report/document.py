@@ -7,14 +7,8 @@ import html
 from pathlib import Path
 
 from socketwise.measure import rundir
-from socketwise.report.analysis import (
-    BASELINE_METHOD,
-    BASELINE_RATIOS,
-    CLUSTER_METHOD,
-    CLUSTER_SERIES,
-    CROSSOVER_METHOD,
-    SATURATION_METHOD,
-)
+from socketwise.report.analysis import CLUSTER_METHOD, CLUSTER_SERIES
+from socketwise.report.crossover import CROSSOVER_METHOD
 from socketwise.report.points import (
     UNITS,
     Curves,
@@ -24,6 +18,8 @@ from socketwise.report.points import (
     fmt_num,
     fmt_step_load,
 )
+from socketwise.report.recommendation import BASELINE_METHOD, BASELINE_RATIOS
+from socketwise.report.saturation import SATURATION_METHOD
 
 # --- the document: one list of blocks, rendered as Markdown and as HTML ----------------
 

@@ -1,8 +1,10 @@
 """Run-directory steps reduced to points (median/min/max of the repetitions per load),
-grouped by host, axis and layout; and the number formats every report text uses."""
+grouped by host, axis and layout; the number formats every report text uses; and the
+positive numbers of a hand-made manifest's mappings."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -134,3 +136,18 @@ def fmt_loads(values: Iterable[float]) -> str:
 
 
 # --- crossover and recommendation -----------------------------------------------------
+
+
+def positive_numbers(mapping: object) -> dict[str, float]:
+    """{key: value} of MAPPING's finite values above 0 (a hand-made manifest may hold any)."""
+    if not isinstance(mapping, dict):
+        return {}
+    found = {}
+    for key, value in mapping.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number) and number > 0:
+            found[str(key)] = number
+    return found

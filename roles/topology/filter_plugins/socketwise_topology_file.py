@@ -1,15 +1,15 @@
-"""Ansible door into socketwise.plan.planner.read_topology: the filter
+"""Ansible door into socketwise.plan.nodes.read_topology: the filter
 `socketwise_topology_file` (a saved topology instead of live detection)."""
 
 import sys
 from pathlib import Path
 
 try:
-    from socketwise.plan.planner import PlanError, read_topology
+    from socketwise.plan.nodes import PlanError, read_topology
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.plan.planner import PlanError, read_topology
+    from socketwise.plan.nodes import PlanError, read_topology
 
 
 def socketwise_topology_file(path):
