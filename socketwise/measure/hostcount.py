@@ -2,7 +2,7 @@
 
 The field notes' cluster study found that prompt processing got faster with more nodes
 and token generation did not. This measures exactly that on any cluster of the
-inventory (hosts sharing a `socketwise_cluster`, README "Clusters"): for each count N it
+inventory (hosts sharing a `socketwise_cluster`, docs/guides/clusters.md): for each count N it
 deploys the cluster on its head and the first N-1 workers (deploy.yml with --limit, so
 the plan splits the layers over those N), then drives its front door closed loop at
 each concurrency of the profile from the controller. Per request it records prefill and

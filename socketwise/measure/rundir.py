@@ -3,7 +3,7 @@ cluster's `cluster.csv`.
 
 Plain Python, stdlib only. The benchmark runner writes these files, `socketwise report`
 reads them, and people feed in results from elsewhere, so `summary.csv` is a public
-contract (README, "Reports"). Only `summary.csv` is required.
+contract (docs/reference/run-directory.md). Only `summary.csv` is required.
 
 A step is one measured load point of one layout on one host: open loop by request rate
 (`rate`, req/s) or closed loop by concurrency. When both cells are filled the step is

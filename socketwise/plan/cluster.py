@@ -1,7 +1,7 @@
 """Cluster plans: several hosts serving one model as one endpoint, pipeline parallel.
 
 Plain Python with no Ansible import; `socketwise plan --topology A --topology B --layout pp`
-is its door. Rules (README, "Clusters"):
+is its door. Rules (docs/guides/clusters.md):
 
 - The head (the first host) runs the front door and the engine's API; the model's layers
   are split over the hosts in order, in proportion to each one's usable memory (every

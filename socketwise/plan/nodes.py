@@ -70,7 +70,7 @@ def _malformed(where: str, what: str) -> PlanError:
     return PlanError(
         "topology",
         f"malformed topology: {where} {what}; give the document `socketwise topology` "
-        'prints (schema 1, README "Topology facts")',
+        "prints (schema 1, docs/reference/topology-schema.md)",
     )
 
 

@@ -4,7 +4,7 @@ Plain Python with no Ansible import. The CLI (`socketwise plan`, in `command`) a
 Ansible filter `socketwise_plan` are thin doors into `plan()`; the host as the planner
 sees it (the checked topology, its NUMA nodes) is `nodes`.
 
-Rules (see README, "The plan"):
+Rules (see docs/concepts/plan.md):
 - One OpenMP thread per physical core: the lowest logical CPU of each core; SMT
   siblings are left to the OS.
 - Each node that serves keeps `reserve_cores` physical cores (its highest-numbered

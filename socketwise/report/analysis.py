@@ -2,7 +2,7 @@
 
 Plain Python with no Ansible import, no plotting; `analyse(run_dir)` returns the decisions
 as JSON-ready data and `render.write` turns them into report.md / report.html. Each
-decision has its own module, with its method (README, "Reports"): `crossover`,
+decision has its own module, with its method (docs/guides/sweeps-and-reports.md): `crossover`,
 `saturation`, `recommendation` (with the comparison against plain vLLM), `roofline` (the
 bandwidth limit) and `energy`; this module assembles them per host, with the errors, the
 series and the run-wide parts (the cluster by number of hosts, the adaptive search).
@@ -257,7 +257,7 @@ def cluster_hosts(rows: list[rundir.ClusterRow] | None) -> dict | None:
 
 
 def analyse(run_dir: str | Path) -> dict:
-    """The decisions of a run directory (see README, "Reports", for every key)."""
+    """The decisions of a run directory (docs/reference/decisions-json.md has every key)."""
     run_dir = Path(run_dir)
     steps = rundir.read_summary(run_dir)
     manifest = rundir.read_manifest(run_dir)

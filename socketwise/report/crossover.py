@@ -1,7 +1,7 @@
 """Crossover: where one layout overtakes another for good, on one load axis.
 
-Plain Python with no Ansible import, no plotting. Methods (README, "Reports"), on the
-median of the repetitions of each point:
+Plain Python with no Ansible import, no plotting. Methods
+(docs/guides/sweeps-and-reports.md), on the median of the repetitions of each point:
 
 - A layout is *ahead* of another at a load point when its median output tok/s is higher
   by more than TOLERANCE of the larger one and, when both points were repeated, also

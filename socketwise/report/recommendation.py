@@ -1,6 +1,6 @@
 """Recommendation: the layout to run per load range, and how it compares with plain vLLM.
 
-Plain Python with no Ansible import, no plotting. Methods (README, "Reports"):
+Plain Python with no Ansible import, no plotting. Methods (docs/guides/sweeps-and-reports.md):
 
 - Recommended layout per load range: SN (else the first layout) until a challenger
   overtakes it for good (`crossover.overtake`), then that layout until another overtakes

@@ -1,6 +1,6 @@
 """Saturation: the last load before a layout stops gaining, on one load axis.
 
-Plain Python with no Ansible import, no plotting. Method (README, "Reports"), on the
+Plain Python with no Ansible import, no plotting. Method (docs/guides/sweeps-and-reports.md), on the
 median of the repetitions of each point: a point *departs* when its throughput is not
 above (1 + GAIN) times the best so far, or (by rate only) its TTFT p50 exceeds
 TTFT_FACTOR times that at the lowest load, or more than ERROR_SHARE of its requests

@@ -10,7 +10,7 @@ description:
     document (schema 1) as the fact C(socketwise_topology).
   - Read-only: changes nothing on the host, so check mode returns the same facts.
   - The document is the one C(socketwise topology) prints; its keys are listed in
-    the project README under "Topology facts".
+    docs/reference/topology-schema.md.
 options:
   root:
     description: Directory that holds the C(sys) and C(proc) trees to read.
