@@ -39,11 +39,24 @@ def test_report_says_every_knob_was_restored(host):
         "thp.enabled": "restored",
         "thp.defrag": "restored",
         "irq_affinity.eth0": "restored",
+        "irqbalance": "restored",
     }
     # A VM with a cpuidle driver (haltpoll) has its C-states managed, and put back.
     if host.file("/sys/devices/system/cpu/cpu0/cpuidle").is_directory:
         expected["cpuidle.node0"] = "restored"
     assert {knob["name"]: knob["status"] for knob in report["knobs"]} == expected
+
+
+def test_irqbalance_is_as_before_the_role(irqbalance, irqbalance_before):
+    assert (irqbalance.active, irqbalance.enabled) == ("active", "enabled")
+    assert (irqbalance.active, irqbalance.enabled) == (
+        irqbalance_before.active,
+        irqbalance_before.enabled,
+    )
+    assert irqbalance.config == irqbalance_before.config
+    # The daemon that runs now read the configuration put back: it bans no CPU.
+    assert irqbalance.daemon_environment
+    assert "IRQBALANCE_BANNED_CPULIST" not in irqbalance.daemon_environment
 
 
 def test_nothing_of_the_role_is_left_behind(host):

@@ -76,7 +76,7 @@ def test_report_says_what_was_set_and_what_this_host_lacks(host):
         "thp.enabled": "set",
         "thp.defrag": "set",
         "irq_affinity.eth0": "set",
-        "irqbalance": "unavailable",
+        "irqbalance": "set",
         "cpu_governor.node0": "unavailable",
         "cpuidle.node0": "set" if has_cpuidle(host) else "unavailable",
     }
@@ -84,10 +84,24 @@ def test_report_says_what_was_set_and_what_this_host_lacks(host):
     assert knobs["kernel.numa_balancing"]["before"] == 1
     assert knobs["hugepages.node0.2048kB"]["before"] == 0
     assert knobs["cpu_governor.node0"]["reason"].startswith("no cpufreq on CPU 0")
-    assert knobs["irqbalance"]["reason"].startswith("irqbalance is not installed")
+    # prepare installed irqbalance and started it; the role bans the inference core.
+    running = {"active": True, "enabled": True}
+    assert knobs["irqbalance"]["before"] == running | {"banned_cpulist": None}
+    assert knobs["irqbalance"]["after"] == running | {"banned_cpulist": "0"}
     assert not report["reboot_required"]
 
 
 def test_report_was_fetched_to_the_controller(host):
     fetched = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"]) / "artifacts/tune1/tuning-report.json"
     assert json.loads(fetched.read_text()) == json.loads(host.file(REPORT).content_string)
+
+
+def test_irqbalance_runs_banned_from_the_inference_core(irqbalance, irqbalance_before):
+    # As prepare left it, and as the report says (after): running, enabled.
+    assert (irqbalance_before.active, irqbalance_before.enabled) == ("active", "enabled")
+    assert (irqbalance.active, irqbalance.enabled) == ("active", "enabled")
+    # One line added to its configuration, nothing else changed.
+    assert irqbalance.config == irqbalance_before.config + "IRQBALANCE_BANNED_CPULIST=0\n"
+    # The daemon that runs now read it: restarted after the change (and started at boot
+    # with it after the reboot).
+    assert irqbalance.daemon_environment.get("IRQBALANCE_BANNED_CPULIST") == "0"

@@ -1,0 +1,486 @@
+"""The front door's rules, proven in seconds without a lab: Ansible's template module renders
+the three HAProxy configurations (a host's, the fleet's, a cluster head's, all including
+templates/frontdoor-rules.j2) from the vllm_service role's own defaults and variables; a
+real HAProxy runs each, in front of a local HTTP server that records what reaches it; and
+every request asserts the status the client sees AND whether the server saw it. A refused
+request is answered by HAProxy alone: it never reaches an instance.
+
+What stays in the lab (tests/test_deploy_lab.py): that the deployed unit really gives
+HAProxy the key, a real completion through the door, the instances absent from the public
+address, vLLM's own key check behind the door, TLS.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from .frontdoor import REFUSED_PATHS
+from .playbooks import REPO, run_playbook
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("haproxy") is None, reason="needs Debian's haproxy (scripts/setup installs it)"
+)
+
+ADDRESS = "127.0.0.1"
+KEY = "sk-frontdoor-" + uuid.uuid4().hex
+# Small, so a body at the limit is cheap to send; the rule is the same at 4 MiB.
+MAX_BODY = 2048
+INSTANCE = "vllm-sn"
+OPENAI_ROUTES = [
+    ("GET", "/v1/models"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+]
+# Spellings of allowed routes, and ways around the allow list, beyond the lab's list: each
+# must be refused before it reaches an instance.
+MORE_REFUSED = [
+    "//v1/completions",
+    "/v1//completions",
+    "/v1/./completions",
+    "/v1/completions/",
+    "/v1/completions/..",
+    "/v1/Completions",
+    "/V1/MODELS",
+    "/v1/completions%2F..%2F..%2Fmetrics",
+    "/%2e%2e/metrics",
+    "/v1/models;x",
+    "/v1/completions%00",
+    "/v1/embeddings",
+    "/health/../metrics",
+    "/health/",
+    "/HEALTH",
+    "/healt%68",
+    "/",
+    # llama-server's own routes (a llama.cpp cluster's head).
+    "/slots",
+    "/props",
+    "http://127.0.0.1/metrics",
+    "http://127.0.0.1/v1/completions/../../tokenize",
+]
+# A host's door, the same over TLS, the fleet's, a cluster head's: one set of rules.
+DOORS = ("host", "tls", "fleet", "cluster")
+
+
+# --- the recording server ----------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class Recorder(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__((ADDRESS, 0), _Handler)
+        self.seen: list[Seen] = []
+        self.lock = threading.Lock()
+
+    def probed(self, probe: str) -> list[Seen]:
+        """The requests that carried this probe header (health checks carry none)."""
+        with self.lock:
+            return [seen for seen in self.seen if seen.headers.get("x-probe") == probe]
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # HAProxy's health checks close their connections without waiting: not an error.
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Recorder
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        with self.server.lock:
+            self.server.seen.append(Seen(self.command, self.path, headers, body))
+        answer = json.dumps({"object": "list", "data": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+# --- rendering and running the doors -----------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((ADDRESS, 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Door:
+    name: str
+    port: int
+    tls: bool = False
+
+
+def own_listener(directory: Path, name: str, plan: dict, port: int) -> dict:
+    """Task vars that give one more rendering of haproxy.cfg.j2 its own port, metrics port
+    and runtime socket."""
+    return {
+        "vllm_service_metrics_port": free_port(),
+        "__vllm_service_lb_socket": str(directory / f"{name}.sock"),
+        "socketwise_plan": plan | {"load_balancer": {"port": port, "balance": "leastconn"}},
+    }
+
+
+def render(directory: Path, backend_port: int) -> dict[str, Door]:
+    """The configurations as the roles render them: templates/*.j2 through Ansible's
+    template module, with the role's defaults/main.yml and vars/main.yml and its filters;
+    only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
+    ports = {name: free_port() for name in (*DOORS, "anonymous", "metrics")}
+    plan = {
+        "load_balancer": {"port": ports["host"], "balance": "leastconn"},
+        "instances": [{"name": INSTANCE, "port": backend_port, "max_connections": 8}],
+    }
+    values = {
+        "vllm_service_listen_address": ADDRESS,
+        "vllm_service_backend_address": ADDRESS,
+        "vllm_service_metrics_address": ADDRESS,
+        "vllm_service_metrics_port": ports["metrics"],
+        "vllm_service_fleet_port": ports["fleet"],
+        "vllm_service_api_key": KEY,
+        "vllm_service_max_body_bytes": MAX_BODY,
+        "socketwise_plan": plan,
+        "__vllm_service_lb_socket": str(directory / "host.sock"),
+        "__vllm_service_fleet_socket": str(directory / "fleet.sock"),
+        "__vllm_service_fleet_servers": [
+            {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False}
+        ],
+        # What roles/cluster/vars/main.yml would give a head (its plan, its typed values).
+        "socketwise_cluster": "c1",
+        "socketwise_cluster_plan": {"endpoint_port": ports["cluster"]},
+        "vllm_served_name": "tiny-llama",
+        "__cluster_engine": "vllm",
+        "__cluster_api_key": KEY,
+        "__cluster_api_port": backend_port,
+        "__cluster_listen_address": ADDRESS,
+        "__cluster_lb_socket": str(directory / "cluster.sock"),
+        "__cluster_typed": {"cluster_check_interval": 2, "cluster_parallel": 4},
+    }
+    (directory / "values.json").write_text(json.dumps(values))
+    role = REPO / "roles/vllm_service"
+    tasks = {
+        "host": ("haproxy.cfg.j2", {}),
+        # Any certificate path turns TLS on; the unit hands the PEM over as a credential.
+        "tls": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "tls", plan, ports["tls"])
+            | {"vllm_service_tls_cert": "tls.crt"},
+        ),
+        # allow_anonymous: no key, so no key check.
+        "anonymous": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "anonymous", plan, ports["anonymous"])
+            | {"vllm_service_api_key": ""},
+        ),
+        "fleet": ("fleet-haproxy.cfg.j2", {}),
+        # roles/cluster/tasks/frontdoor.yml gives the rules these two.
+        "cluster": (
+            "cluster-haproxy.cfg.j2",
+            {
+                "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
+                "__vllm_service_api_key": "{{ __cluster_api_key }}",
+            },
+        ),
+    }
+    play = [
+        {
+            "name": "Render the front doors",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [
+                str(role / "defaults/main.yml"),
+                str(role / "vars/main.yml"),
+                str(directory / "values.json"),
+            ],
+            "tasks": [
+                {
+                    "name": f"Render {name}.cfg",
+                    "ansible.builtin.template": {
+                        "src": str(REPO / "templates" / template),
+                        "dest": str(directory / f"{name}.cfg"),
+                        "mode": "0600",
+                    },
+                    "vars": task_vars,
+                }
+                for name, (template, task_vars) in tasks.items()
+            ],
+        }
+    ]
+    (directory / "render.yml").write_text(json.dumps(play))
+    run = run_playbook(
+        str(directory / "render.yml"),
+        *("-i", "inventories/local"),
+        env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
+    )
+    assert run.returncode == 0, run.output[-3000:]
+    doors = {name: Door(name, ports[name], name == "tls") for name in tasks}
+    return doors | {"metrics": Door("metrics", ports["metrics"])}
+
+
+def credentials(directory: Path) -> Path:
+    """What systemd's LoadCredential= gives the unit: frontdoor.pem (certificate and key)
+    in the directory $CREDENTIALS_DIRECTORY names."""
+    given = directory / "credentials"
+    given.mkdir()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
+        + ["-nodes", "-days", "1"]
+        + ["-subj", f"/CN={ADDRESS}", "-keyout", str(given / "key"), "-out", str(given / "crt")],
+        check=True,
+        capture_output=True,
+    )
+    (given / "frontdoor.pem").write_text((given / "crt").read_text() + (given / "key").read_text())
+    return given
+
+
+def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
+    """HAProxy as socketwise-lb.service runs it: the configuration checked first, the key
+    in its environment (the unit's EnvironmentFile, frontdoor.env), the certificate in its
+    credentials directory, in the foreground."""
+    env = dict(os.environ, SOCKETWISE_API_KEY=KEY, CREDENTIALS_DIRECTORY=str(given))
+    config = directory / f"{door.name}.cfg"
+    log = directory / f"{door.name}.log"
+    checked = subprocess.run(
+        ["haproxy", "-c", "-q", "-f", str(config)], env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, f"{config}: {checked.stdout}{checked.stderr}"
+    process = subprocess.Popen(
+        ["haproxy", "-db", "-f", str(config)],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()
+        try:
+            socket.create_connection((ADDRESS, door.port), timeout=1).close()
+            return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"{door.name}: HAProxy did not listen on {door.port}: {log.read_text()}")
+
+
+@dataclass
+class FrontDoors:
+    doors: dict[str, Door]
+    server: Recorder
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory) -> Iterator[FrontDoors]:
+    directory = tmp_path_factory.mktemp("frontdoor")
+    server = Recorder()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    doors = render(directory, server.server_address[1])
+    given = credentials(directory)
+    processes = []
+    try:
+        for door in doors.values():
+            if door.name != "metrics":  # the host door's second listener
+                processes.append(start(door, directory, given))
+        yield FrontDoors(doors, server)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=10)
+        server.shutdown()
+        server.server_close()
+
+
+# --- the client --------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    status: int
+    reached: list[Seen]
+
+
+def send(
+    front: FrontDoors,
+    door: str,
+    method: str,
+    path: str,
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    chunked: bool = False,
+) -> Outcome:
+    """One request with the path exactly as given; what the client got and which requests
+    of it reached the server."""
+    probe = uuid.uuid4().hex
+    to = front.doors[door]
+    if to.tls:
+        # The lab's certificate is self-signed: this checks the rules, not the certificate.
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        connection = http.client.HTTPSConnection(ADDRESS, to.port, timeout=10, context=context)
+    else:
+        connection = http.client.HTTPConnection(ADDRESS, to.port, timeout=10)
+    try:
+        connection.putrequest(method, path, skip_accept_encoding=True)
+        connection.putheader("X-Probe", probe)
+        for name, value in (headers or {}).items():
+            connection.putheader(name, value)
+        if chunked:
+            connection.putheader("Transfer-Encoding", "chunked")
+            connection.endheaders()
+            connection.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body or b""), body or b""))
+        else:
+            if body is not None:
+                connection.putheader("Content-Length", str(len(body)))
+            connection.endheaders(body)
+        response = connection.getresponse()
+        response.read()
+        status = response.status
+    finally:
+        connection.close()
+    return Outcome(status, front.server.probed(probe))
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+COMPLETION = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6}).encode()
+
+
+def route_request(method: str) -> bytes | None:
+    return COMPLETION if method == "POST" else None
+
+
+# --- the rules ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize(("method", "route"), OPENAI_ROUTES)
+def test_openai_routes_with_the_key_reach_the_instance_unchanged(front, door, method, route):
+    body = route_request(method)
+    for path in (route, f"{route}?stream=false"):
+        outcome = send(front, door, method, path, bearer(KEY), body)
+        assert outcome.status == 200, path
+        [seen] = outcome.reached
+        # The instance gets the path, the key (vLLM checks it again) and the body as sent.
+        assert (seen.method, seen.path) == (method, path)
+        assert seen.headers["authorization"] == f"Bearer {KEY}"
+        assert seen.body == (body or b"")
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_health_needs_no_key(front, door):
+    outcome = send(front, door, "GET", "/health")
+    assert outcome.status == 200
+    assert [seen.path for seen in outcome.reached] == ["/health"]
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize(("method", "route"), OPENAI_ROUTES)
+def test_a_missing_or_wrong_key_is_refused_before_the_instance(front, door, method, route):
+    wrong = [
+        {},
+        bearer(KEY[:-1]),
+        bearer(KEY + "x"),
+        bearer(f"{KEY} {KEY}"),
+        bearer(""),
+        {"Authorization": KEY},
+        {"Authorization": "Basic " + base64.b64encode(f"user:{KEY}".encode()).decode()},
+        {"X-Api-Key": KEY},
+    ]
+    for headers in wrong:
+        outcome = send(front, door, method, route, headers, route_request(method))
+        assert (outcome.status, outcome.reached) == (401, []), headers
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("path", REFUSED_PATHS + MORE_REFUSED)
+def test_every_other_route_and_spelling_is_refused_with_the_key(front, door, path):
+    for method, body in (("GET", None), ("POST", b"{}")):
+        outcome = send(front, door, method, path, bearer(KEY), body)
+        assert (outcome.status, outcome.reached) == (403, []), method
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_body_over_the_limit_is_refused_on_its_declared_length(front, door):
+    at_limit = send(front, door, "POST", "/v1/completions", bearer(KEY), b"x" * MAX_BODY)
+    assert at_limit.status == 200
+    assert [len(seen.body) for seen in at_limit.reached] == [MAX_BODY]
+    # Declared and not sent: HAProxy answers from the headers alone.
+    over = send(
+        front,
+        door,
+        "POST",
+        "/v1/completions",
+        bearer(KEY) | {"Content-Length": str(MAX_BODY + 1)},
+    )
+    assert (over.status, over.reached) == (413, [])
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_chunked_body_is_refused(front, door):
+    # Without a length it could not be held to the limit, however small it is.
+    outcome = send(front, door, "POST", "/v1/completions", bearer(KEY), COMPLETION, True)
+    assert (outcome.status, outcome.reached) == (400, [])
+
+
+def test_an_anonymous_door_passes_openai_routes_without_a_key_and_refuses_the_rest(front):
+    for method, route in OPENAI_ROUTES:
+        outcome = send(front, "anonymous", method, route, body=route_request(method))
+        assert outcome.status == 200 and len(outcome.reached) == 1, route
+    for path in REFUSED_PATHS + MORE_REFUSED:
+        outcome = send(front, "anonymous", "GET", path)
+        assert (outcome.status, outcome.reached) == (403, []), path
+
+
+def test_the_metrics_listener_serves_each_instances_metrics_and_nothing_else(front):
+    outcome = send(front, "metrics", "GET", f"/metrics/{INSTANCE}")
+    assert outcome.status == 200
+    # The instance is asked for its own /metrics.
+    assert [seen.path for seen in outcome.reached] == ["/metrics"]
+    for path in ("/metrics", "/metrics/", "/metrics/vllm-other", "/v1/models", "/health"):
+        outcome = send(front, "metrics", "GET", path, bearer(KEY))
+        assert (outcome.status, outcome.reached) == (403, []), path
+
+
+def test_the_tls_door_answers_no_plain_http(front):
+    connection = http.client.HTTPConnection(ADDRESS, front.doors["tls"].port, timeout=10)
+    try:
+        with pytest.raises(OSError):
+            connection.request("GET", "/health")
+            connection.getresponse()
+    finally:
+        connection.close()
