@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from socketwise.facts.topology import parse_cpulist
 from socketwise.measure import hostcount
 from socketwise.measure.sweep import Profile
 
@@ -107,8 +108,9 @@ def test_every_stage_runs_where_planned(cluster: Cluster, two_hosts):
             allowed |= {line.split()[-1] for line in lines.splitlines()}
         planned = stage["cpus_allowed"]
         assert allowed, host
-        assert all(set(map(int, cpus.replace("-", ",").split(","))) <= set(planned)
-                   for cpus in allowed), (host, allowed, planned)  # fmt: skip
+        assert all(set(parse_cpulist(cpus)) <= set(planned) for cpus in allowed), (
+            host, allowed, planned
+        )  # fmt: skip
 
 
 def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: Cluster, two_hosts):

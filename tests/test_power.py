@@ -244,7 +244,9 @@ def test_cli_stops_early_on_sigterm_with_what_it_measured(tmp_path):
     out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
     result = json.loads(out)
-    assert result["seconds"] < 60
+    # What it measured until the signal, not the 600 s it was asked for.
+    assert 0 < result["seconds"] < 600
+    print(f"stopped after {result['seconds']} s")
     assert result["sources"]["ipmi"]["watts"] == 147.0
     assert "missing" in result["sources"]["rapl"]
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -125,22 +126,45 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     assert built["class"] == isa_class(detect()) and built["install_method"] == "venv"
     assert built["platform"] == ("ZenCpuPlatform" if built["class"] == "zen" else "CpuPlatform")
     assert host["model_bytes"] > 0 and host["bandwidth_gbps"] > 0
-    assert manifest["calibration"] == {
-        "layout": "baseline",
-        "max_request_rate": manifest["calibration"]["max_request_rate"],
-    }
-    assert manifest["calibration"]["max_request_rate"] > 0
+    # The calibration is the request rate the first layout sustained flat out, as its own
+    # benchmark measured it, and the rate steps sit at the asked fractions of it.
+    flat_out = run_dir / "hosts" / SERVED / "baseline" / "calibration" / "max" / "bench.json"
+    sustained = json.loads(flat_out.read_text())["request_throughput"]
+    assert sustained > 0
+    assert manifest["calibration"] == {"layout": "baseline", "max_request_rate": sustained}
+    with (run_dir / "summary.csv").open() as f:
+        rates = {float(r["rate"]) for r in csv.DictReader(f) if r["rate"]}
+    assert rates == {round(sustained * fraction, 2) for fraction in (0.5, 1.5)}
     assert "vLLM's own defaults" in manifest["baseline"]
     for layout in LAYOUTS:
         results = run_dir / "hosts" / SERVED / layout / "sweep"
         assert (results / "idle.json").exists()
-        assert (
-            "Started" in (results / "journal.txt").read_text()
-            or (results / "journal.txt").stat().st_size > 0
-        )
+        assert_journal_shows_the_server_decoding(results)
         assert "task" in (results / "placement.txt").read_text()
         assert (results / "c1" / "metrics.jsonl").read_text().strip()
         assert (run_dir / "artifacts" / layout / SERVED / "plan.json").exists()
+
+
+def assert_journal_shows_the_server_decoding(results: Path) -> None:
+    """journal.txt is the servers' journal over the batch: lines of the served host, among
+    them the statistics vLLM logs every 10 s from the server placement.txt names, reporting
+    tokens generated while a step's load ran."""
+    placement = (results / "placement.txt").read_text()
+    (pid,) = re.findall(r"^== socketwise-vllm-\S+ \(pid (\d+)\)", placement, re.MULTILINE)
+    lines = [line for line in (results / "journal.txt").read_text().splitlines() if line.strip()]
+    # journalctl -o short-iso: TIME HOST UNIT[PID]: MESSAGE (an entry's further lines indented)
+    assert lines and {line.split()[1] for line in lines if not line[0].isspace()} == {SERVED}
+    decoding = []
+    for line in lines:
+        stats = re.search(r"Avg generation throughput: ([0-9.]+) tokens/s", line)
+        if not line[0].isspace() and f"[{pid}]: " in line and stats and float(stats[1]) > 0:
+            decoding.append(datetime.fromisoformat(line.split()[0]).timestamp())
+    windows = [json.loads(p.read_text())["window"] for p in results.glob("*/step.json")]
+    # The journal has whole seconds; a statistics line covers the 10 s before it.
+    assert any(start - 1 <= at <= end + 11 for at in decoding for start, end in windows), (
+        lines,
+        windows,
+    )
 
 
 def _deployed(run_dir: Path, layout: str) -> dict:
@@ -283,13 +307,24 @@ def test_the_key_guidellm_sent_is_gone_from_the_load_generator_and_the_run(machi
 def test_adaptive_measures_brackets_and_the_bisection_midpoint_on_both_layouts(adaptive_run):
     manifest = json.loads((adaptive_run / "manifest.json").read_text())
     search = manifest["adaptive"]
-    assert set(search["saturation_rate"]) == {"sn", "dp"}
-    assert all(rate > 0 for rate in search["saturation_rate"].values())
+    # Each layout saturates at the request rate its flat-out bracket step sustained.
+    saturation = search["saturation_rate"]
+    for layout in ("sn", "dp"):
+        flat_out = adaptive_run / "hosts" / SERVED / layout / "bracket" / "max" / "bench.json"
+        assert saturation[layout] == json.loads(flat_out.read_text())["request_throughput"] > 0
+    # The search starts between half of SN's flat-out rate and the highest flat-out rate and
+    # measures the midpoint; DP is ahead there when it leads SN by more than 3 %, and the
+    # crossover then lies below the midpoint, else above it.
     (round_1,) = search["rounds"]
-    low, high = search["crossover_between"]
-    assert low < high and round_1["rate"] in (low, high)
+    low, high = round(saturation["sn"] / 2, 2), round(max(saturation.values()), 2)
+    assert (round_1["low"], round_1["high"]) == (low, high)
+    assert round_1["rate"] == round((low + high) / 2, 2)
     with (adaptive_run / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
+    at_midpoint = {r["layout"]: float(r["output_tok_s"]) for r in rows if r["rate"]}
+    assert round_1["second_ahead"] == (at_midpoint["dp"] > 1.03 * at_midpoint["sn"])
+    half = [low, round_1["rate"]] if round_1["second_ahead"] else [round_1["rate"], high]
+    assert search["crossover_between"] == half
     # Per layout: the synchronous bracket and the midpoint; the flat-out run is not a row.
     for layout in ("sn", "dp"):
         mine = [r for r in rows if r["layout"] == layout]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import testinfra.utils.ansible_runner
 
+from socketwise.facts.topology import parse_cpulist
+
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
     os.environ["MOLECULE_INVENTORY_FILE"]
 ).get_hosts("all")
@@ -68,12 +70,13 @@ def test_worker_threads_run_on_exactly_the_planned_cpus(host):
             f"systemctl show -p MainPID --value socketwise-{instance['name']}"
         )
         workers = host.check_output(f"pgrep -P $(pgrep -P {main_pid} -f EngineCore) || true")
+        # Each thread's CPU set as the kernel lists it ("0-1" and "0,1" are one set).
         cpus = set()
         for pid in workers.split():
             status = host.check_output(f"cat /proc/{pid}/task/*/status")
             for listed in re.findall(r"Cpus_allowed_list:\s*(\S+)", status):
-                cpus.add(listed)
-        assert cpus == {",".join(map(str, instance["ranks"][0]["cpus"]))}
+                cpus.add(frozenset(parse_cpulist(listed)))
+        assert cpus == {frozenset(instance["ranks"][0]["cpus"])}
 
 
 def test_check_mode_on_the_converged_host_changes_nothing(host):

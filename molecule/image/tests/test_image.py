@@ -12,6 +12,8 @@ from pathlib import Path
 
 import testinfra.utils.ansible_runner
 
+from socketwise.facts.topology import parse_cpulist
+
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
     os.environ["MOLECULE_INVENTORY_FILE"]
 ).get_hosts("all")
@@ -36,15 +38,6 @@ def completion(host, key: str | None) -> dict:
     )
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.load(response)
-
-
-def cpulist(text: str) -> set[int]:
-    """The CPUs of a kernel CPU list such as 0-3,8."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 def test_each_host_runs_only_its_classs_image_with_the_digest_built(host):
@@ -106,7 +99,7 @@ def test_worker_threads_run_on_exactly_the_planned_cpus(host):
         for worker in workers:
             status = host.check_output(f"cat /proc/{worker}/task/*/status")
             for listed in re.findall(r"Cpus_allowed_list:\s*(\S+)", status):
-                cpus |= cpulist(listed)
+                cpus.update(parse_cpulist(listed))
         assert cpus == {cpu for rank in instance["ranks"] for cpu in rank["cpus"]}
 
 

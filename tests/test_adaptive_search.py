@@ -1,0 +1,131 @@
+"""The adaptive sweep's search (run_adaptive) on layouts whose throughput is a known curve:
+where it puts the SN/DP crossover, the saturation it reads, and what it costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from socketwise.measure.sweep import Profile, Sweep, run_adaptive
+
+OUTPUT_LEN = 32
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A layout that sustains `saturation` req/s flat out, each request worth
+    `efficiency` x OUTPUT_LEN output tokens a second."""
+
+    saturation: float
+    efficiency: float = 1.0
+
+    def output_tok_s(self, rate: float) -> float:
+        return OUTPUT_LEN * self.efficiency * min(rate, self.saturation)
+
+
+class CurveSweep(Sweep):
+    """Sweep with its layouts measured from curves instead of deployed and benchmarked:
+    the search reads the same bookkeeping (summary rows, flat-out rates, throughput)."""
+
+    def __init__(self, curves: dict[str, Curve]):
+        self.curves, self.profile = curves, Profile(output_len=OUTPUT_LEN)
+        self.summary: list[dict] = []
+        self.flat_out: dict[str, float] = {}
+        self.deployed: str | None = None
+        self.deploys, self.steps_run = 0, 0
+        self.batches: dict[str, set[str]] = {}
+
+    def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
+        if self.deployed != layout:
+            self.deployed, self.deploys = layout, self.deploys + 1
+        self.steps_run += len(steps)
+        self.batches.setdefault(layout, set()).add(batch)
+        curve, found = self.curves[layout], {}
+        for step in steps:
+            if step["name"] == "max":
+                self.flat_out[layout] = curve.saturation
+                found["max"] = {"request_throughput": curve.saturation}
+                continue
+            rate = step.get("rate")
+            tok = curve.output_tok_s(rate if rate is not None else step["concurrency"])
+            self.summary.append({"layout": layout, "rate": rate, "output_tok_s": tok})
+            found[step["name"]] = {"output_throughput": tok}
+        return {"host": found}
+
+
+def crossover(sn: Curve, dp: Curve) -> float:
+    """The lowest rate at which DP is ahead of SN by the search's 3 %, for these curves
+    (SN saturating first, DP ahead only once SN has saturated)."""
+    return 1.03 * OUTPUT_LEN * sn.efficiency * sn.saturation / (OUTPUT_LEN * dp.efficiency)
+
+
+# SN saturates at 10 req/s; DP-2 runs each request 10 % slower but saturates at 16 req/s,
+# so it overtakes SN (by more than 3 %) at 10.3 / 0.9 = 11.44 req/s.
+SN, DP = Curve(saturation=10.0), Curve(saturation=16.0, efficiency=0.9)
+
+
+def grid_steps(layouts: int) -> tuple[int, float]:
+    """The fixed grid's cost for as many layouts (a calibration, then every step of the
+    default profile on each) and its spacing of rates at SN's flat-out rate."""
+    profile = Profile()
+    fractions = sorted(profile.rate_fractions)
+    spacing = min(b - a for a, b in zip(fractions, fractions[1:], strict=False))
+    return 1 + len(profile.steps(1.0)) * layouts, spacing * SN.saturation
+
+
+def test_the_crossover_is_found_within_one_grid_step_in_fewer_steps_than_the_grid():
+    experiment = CurveSweep({"sn": SN, "dp": DP})
+    search = run_adaptive(experiment, ["sn", "dp"], rounds=3)
+    assert search["saturation_rate"] == {"sn": 10.0, "dp": 16.0}
+    low, high = search["crossover_between"]
+    grid_cost, grid_step = grid_steps(2)
+    assert low <= crossover(SN, DP) <= high and high - low <= grid_step, search
+    # Two bracket steps and one midpoint a round on each layout, against the grid's 15.
+    assert experiment.steps_run == 2 * (2 + 3) < grid_cost
+    # The rounds alternate the order of the layouts: one redeploy a round.
+    assert experiment.deploys == 2 + 3
+    # Each round halves the bracket it was given, keeping the side the crossover is on.
+    for made, following in zip(search["rounds"], search["rounds"][1:], strict=False):
+        assert following["high"] - following["low"] == pytest.approx(
+            (made["high"] - made["low"]) / 2, abs=0.01
+        )
+        assert made["second_ahead"] == (made["rate"] > crossover(SN, DP))
+
+
+def test_the_search_starts_between_half_of_sns_flat_out_rate_and_the_highest_one():
+    search = run_adaptive(CurveSweep({"sn": SN, "dp": DP}), ["sn", "dp"], rounds=1)
+    (first,) = search["rounds"]
+    assert (first["low"], first["high"], first["rate"]) == (5.0, 16.0, 10.5)
+    # DP-2 is behind at 10.5 req/s: the crossover is above it.
+    assert not first["second_ahead"] and search["crossover_between"] == [10.5, 16.0]
+
+
+@pytest.mark.parametrize(
+    ("dp", "end"),
+    [
+        # Never ahead by 3 % (2 % more per request and no more flat out): the bracket closes
+        # on its top, the highest flat-out rate.
+        (Curve(saturation=10.0, efficiency=1.02), 1),
+        # Ahead everywhere (faster per request and saturating later): on its bottom.
+        (Curve(saturation=16.0, efficiency=1.2), 0),
+    ],
+)
+def test_a_layout_never_or_always_ahead_drives_the_bracket_to_its_end(dp, end):
+    search = run_adaptive(CurveSweep({"sn": SN, "dp": dp}), ["sn", "dp"], rounds=4)
+    start = [SN.saturation / 2, max(SN.saturation, dp.saturation)]
+    assert search["crossover_between"][end] == start[end]
+    assert {r["second_ahead"] for r in search["rounds"]} == {end == 0}
+
+
+def test_plain_vllm_is_bracketed_but_not_bisected():
+    experiment = CurveSweep({"baseline": Curve(saturation=8.0), "sn": SN, "dp": DP})
+    search = run_adaptive(experiment, ["baseline", "sn", "dp"], rounds=2)
+    assert experiment.batches == {
+        "baseline": {"bracket"},
+        "sn": {"bracket", "round-1", "round-2"},
+        "dp": {"bracket", "round-1", "round-2"},
+    }
+    assert search["saturation_rate"]["baseline"] == 8.0
+    # Baseline's lower flat-out rate does not move the search: it starts at SN's half.
+    assert search["rounds"][0]["low"] == 5.0

@@ -1,0 +1,72 @@
+"""The figures the comparison scripts print, from a run directory made by hand
+(tests/fixtures/kit-run, whose README gives the medians): scripts/kit-vs-baseline's
+ratios to plain vLLM and scripts/roofline's share of the memory-bandwidth limit, each
+read from sweeps already made (`--from`), as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = REPO / "tests" / "fixtures" / "kit-run"
+
+
+def script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_kit_vs_baseline_prints_each_layouts_medians_against_plain_vllms():
+    done = script("kit-vs-baseline", "--from", str(RUN))
+    assert done.returncode == 0, done.stderr
+    # Closed-loop rows only (the 2 req/s rows are left out); medians over the three rounds:
+    # 11 / 9, 160 / 200 and 100 / 125 at concurrency 1; 40 / 32, 300 / 410 and 120 / 155 at 4.
+    assert done.stdout.splitlines() == [
+        "box concurrency 1: output tok/s sn 11.0, plain 9.0: sn/plain 1.222; "
+        "TTFT p50 sn 160.0, plain 200.0: sn/plain 0.800; "
+        "TPOT p50 sn 100.0, plain 125.0: sn/plain 0.800 (3 round(s))",
+        "box concurrency 4: output tok/s sn 40.0, plain 32.0: sn/plain 1.250; "
+        "TTFT p50 sn 300.0, plain 410.0: sn/plain 0.732; "
+        "TPOT p50 sn 120.0, plain 155.0: sn/plain 0.774 (3 round(s))",
+        "box concurrency 1: output tok/s tp 15.0, plain 9.0: tp/plain 1.667; "
+        "TTFT p50 tp 100.0, plain 200.0: tp/plain 0.500; "
+        "TPOT p50 tp 50.0, plain 125.0: tp/plain 0.400 (1 round(s))",
+    ]
+
+
+def test_kit_vs_baseline_counts_each_run_directory_as_rounds():
+    done = script("kit-vs-baseline", "--from", str(RUN), "--from", str(RUN))
+    assert done.returncode == 0, done.stderr
+    # The same figures twice over: the same medians, twice the rounds.
+    assert done.stdout.splitlines()[0].endswith("sn/plain 0.800 (6 round(s))")
+
+
+def test_roofline_prints_decode_against_the_bandwidth_of_the_nodes_each_layout_reads():
+    done = script("roofline", "--from", str(RUN))
+    assert done.returncode == 0, done.stderr
+    # Decode 1000 / TPOT p50 at concurrency 1; limit = GB/s of the nodes read / 1 GB.
+    assert sorted(done.stdout.splitlines()) == sorted(
+        [
+            "box: 1.00 GB of weights; measured node 0 20.0 GB/s, node 1 25.0 GB/s",
+            # No plan: one node at the slowest bandwidth, 20 GB/s; 8 of 20 tok/s.
+            "box baseline: decode 8.00 tok/s (1000 / TPOT p50), "
+            "limit 20.00 tok/s (nodes ?, 20.0 GB/s): 40.0% of the roofline",
+            # SN reads node 1 only: 10 of 25 tok/s.
+            "box sn: decode 10.00 tok/s (1000 / TPOT p50), "
+            "limit 25.00 tok/s (nodes 1, 25.0 GB/s): 40.0% of the roofline",
+            # TP-2 reads both nodes, 20 + 25 GB/s: 20 of 45 tok/s.
+            "box tp: decode 20.00 tok/s (1000 / TPOT p50), "
+            "limit 45.00 tok/s (nodes 0,1, 45.0 GB/s): 44.4% of the roofline",
+        ]
+    )
+
+
+def test_the_scripts_want_hosts_to_sweep_or_sweeps_made_not_both():
+    for name in ("kit-vs-baseline", "roofline"):
+        for args in ((), ("-i", "inventories/lab", "--from", str(RUN))):
+            done = script(name, *args)
+            assert done.returncode == 2 and "give -i INVENTORY" in done.stderr, (name, args)
