@@ -130,3 +130,32 @@ def test_a_change_of_cores_on_one_instance_is_named():
         "vllm-dp1: threads 1,3,5,7,9,11,13,15,17,19,21,23 -> 1,3,5,7,9,11,13,15,17,19",
     ]
     assert fleet.changes(before, before) == []
+
+
+def fleet_filters():
+    """roles/vllm_service/filter_plugins/socketwise_fleet.py, as Ansible loads it."""
+    import importlib.util
+
+    path = REPO / "roles/vllm_service/filter_plugins/socketwise_fleet.py"
+    spec = importlib.util.spec_from_file_location("socketwise_fleet", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FilterModule().filters()
+
+
+def test_hosts_exempt_the_fleet_door_by_the_address_it_connects_from():
+    hostvars = {
+        # Binds its own address: the fleet door's `source`, so the one hosts see.
+        "door1": {"ansible_host": "10.0.0.9", "vllm_service_listen_address": "10.0.0.5"},
+        # Binds a wildcard: it connects from its ansible_host (the route's address).
+        "door2": {"ansible_host": "10.0.0.6"},
+        # A name would be resolved once when HAProxy starts: left to the user's list.
+        "door3": {"ansible_host": "fleet.example"},
+        "gen1": {"ansible_host": "fd00::7", "vllm_service_listen_address": "::"},
+    }
+    sources = fleet_filters()["socketwise_fleet_sources"]
+    assert sources(["door1", "door2", "door3", "gen1"], hostvars, "0.0.0.0") == [
+        "10.0.0.5",
+        "10.0.0.6",
+        "fd00::7",
+    ]

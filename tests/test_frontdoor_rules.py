@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -73,8 +74,14 @@ MORE_REFUSED = [
     "http://127.0.0.1/metrics",
     "http://127.0.0.1/v1/completions/../../tokenize",
 ]
-# A host's door, the same over TLS, the fleet's, a cluster head's: one set of rules.
-DOORS = ("host", "tls", "fleet", "cluster")
+# A host's door, the fleet's, a cluster head's, each in plain HTTP and over TLS: one set
+# of rules.
+PLAIN_DOORS = ("host", "fleet", "cluster")
+TLS_DOORS = ("host-tls", "fleet-tls", "cluster-tls")
+DOORS = PLAIN_DOORS + TLS_DOORS
+# A host's door with small per-client limits, and a client address exempt from them.
+LIMITS = {"connections": 3, "rate": 2}
+EXEMPT = "127.0.0.2"
 
 
 # --- the recording server ----------------------------------------------------------------
@@ -121,9 +128,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
-        self.wfile.write(answer)
+        if self.command != "HEAD":
+            self.wfile.write(answer)
 
-    do_GET = do_POST = do_PUT = do_DELETE = _answer
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_OPTIONS = _answer
 
     def log_message(self, *args: object) -> None:
         pass
@@ -159,7 +167,7 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    ports = {name: free_port() for name in (*DOORS, "anonymous", "metrics")}
+    ports = {name: free_port() for name in (*DOORS, "anonymous", "limited", "metrics")}
     plan = {
         "load_balancer": {"port": ports["host"], "balance": "leastconn"},
         "instances": [{"name": INSTANCE, "port": backend_port, "max_connections": 8}],
@@ -176,7 +184,9 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
         "__vllm_service_lb_socket": str(directory / "host.sock"),
         "__vllm_service_fleet_socket": str(directory / "fleet.sock"),
         "__vllm_service_fleet_servers": [
-            {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False}
+            {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},
+            # A host whose name does not resolve when the door starts: the door serves.
+            {"name": "host2", "address": "host2.invalid", "port": backend_port, "tls": False},
         ],
         # What roles/cluster/vars/main.yml would give a head (its plan, its typed values).
         "socketwise_cluster": "c1",
@@ -191,13 +201,18 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
     }
     (directory / "values.json").write_text(json.dumps(values))
     role = REPO / "roles/vllm_service"
+    # Any certificate path turns TLS on; the unit hands the PEM over as a credential.
+    tls = {"vllm_service_tls_cert": "tls.crt"}
+    # roles/cluster/tasks/frontdoor.yml gives the rules these two.
+    cluster = {
+        "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
+        "__vllm_service_api_key": "{{ __cluster_api_key }}",
+    }
     tasks = {
         "host": ("haproxy.cfg.j2", {}),
-        # Any certificate path turns TLS on; the unit hands the PEM over as a credential.
-        "tls": (
+        "host-tls": (
             "haproxy.cfg.j2",
-            own_listener(directory, "tls", plan, ports["tls"])
-            | {"vllm_service_tls_cert": "tls.crt"},
+            own_listener(directory, "host-tls", plan, ports["host-tls"]) | tls,
         ),
         # allow_anonymous: no key, so no key check.
         "anonymous": (
@@ -205,14 +220,33 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
             own_listener(directory, "anonymous", plan, ports["anonymous"])
             | {"vllm_service_api_key": ""},
         ),
-        "fleet": ("fleet-haproxy.cfg.j2", {}),
-        # roles/cluster/tasks/frontdoor.yml gives the rules these two.
-        "cluster": (
-            "cluster-haproxy.cfg.j2",
-            {
-                "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
-                "__vllm_service_api_key": "{{ __cluster_api_key }}",
+        "limited": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "limited", plan, ports["limited"])
+            | {
+                "vllm_service_client_max_connections": LIMITS["connections"],
+                "vllm_service_client_max_rate": LIMITS["rate"],
+                "vllm_service_client_limit_exempt": [EXEMPT],
             },
+        ),
+        "fleet": ("fleet-haproxy.cfg.j2", {}),
+        "fleet-tls": (
+            "fleet-haproxy.cfg.j2",
+            {
+                "vllm_service_fleet_port": ports["fleet-tls"],
+                "__vllm_service_fleet_socket": str(directory / "fleet-tls.sock"),
+            }
+            | tls,
+        ),
+        "cluster": ("cluster-haproxy.cfg.j2", cluster),
+        "cluster-tls": (
+            "cluster-haproxy.cfg.j2",
+            cluster
+            | {
+                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-tls"]},
+                "__cluster_lb_socket": str(directory / "cluster-tls.sock"),
+            }
+            | tls,
         ),
     }
     play = [
@@ -246,7 +280,7 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    doors = {name: Door(name, ports[name], name == "tls") for name in tasks}
+    doors = {name: Door(name, ports[name], name in TLS_DOORS) for name in tasks}
     return doors | {"metrics": Door("metrics", ports["metrics"])}
 
 
@@ -299,6 +333,11 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
 class FrontDoors:
     doors: dict[str, Door]
     server: Recorder
+    directory: Path
+
+    def log(self, door: str) -> str:
+        """What the door's HAProxy wrote: its access log (the journal, on a host)."""
+        return (self.directory / f"{door}.log").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +352,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
         for door in doors.values():
             if door.name != "metrics":  # the host door's second listener
                 processes.append(start(door, directory, given))
-        yield FrontDoors(doors, server)
+        yield FrontDoors(doors, server, directory)
     finally:
         for process in processes:
             process.terminate()
@@ -339,9 +378,10 @@ def send(
     headers: dict[str, str] | None = None,
     body: bytes | None = None,
     chunked: bool = False,
+    source: str = ADDRESS,
 ) -> Outcome:
-    """One request with the path exactly as given; what the client got and which requests
-    of it reached the server."""
+    """One request with the path exactly as given, from the address SOURCE; what the client
+    got and which requests of it reached the server."""
     probe = uuid.uuid4().hex
     to = front.doors[door]
     if to.tls:
@@ -349,9 +389,13 @@ def send(
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        connection = http.client.HTTPSConnection(ADDRESS, to.port, timeout=10, context=context)
+        connection = http.client.HTTPSConnection(
+            ADDRESS, to.port, timeout=10, context=context, source_address=(source, 0)
+        )
     else:
-        connection = http.client.HTTPConnection(ADDRESS, to.port, timeout=10)
+        connection = http.client.HTTPConnection(
+            ADDRESS, to.port, timeout=10, source_address=(source, 0)
+        )
     try:
         connection.putrequest(method, path, skip_accept_encoding=True)
         connection.putheader("X-Probe", probe)
@@ -476,11 +520,151 @@ def test_the_metrics_listener_serves_each_instances_metrics_and_nothing_else(fro
         assert (outcome.status, outcome.reached) == (403, []), path
 
 
-def test_the_tls_door_answers_no_plain_http(front):
-    connection = http.client.HTTPConnection(ADDRESS, front.doors["tls"].port, timeout=10)
+@pytest.mark.parametrize("door", TLS_DOORS)
+def test_a_tls_door_answers_no_plain_http(front, door):
+    connection = http.client.HTTPConnection(ADDRESS, front.doors[door].port, timeout=10)
     try:
         with pytest.raises(OSError):
             connection.request("GET", "/health")
             connection.getresponse()
     finally:
         connection.close()
+
+
+def curl(front: FrontDoors, door: str, *args: str) -> tuple[str, list[Seen]]:
+    """curl (built with nghttp2) against DOOR: '<status> <HTTP version>' as curl saw them,
+    and the requests of it that reached the server."""
+    probe = uuid.uuid4().hex
+    to = front.doors[door]
+    scheme = "https" if to.tls else "http"
+    run = subprocess.run(
+        ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", "--noproxy", "*"]
+        + ["-H", f"X-Probe: {probe}", *args[:-1], f"{scheme}://{ADDRESS}:{to.port}{args[-1]}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return run.stdout, front.server.probed(probe)
+
+
+@pytest.mark.parametrize("door", PLAIN_DOORS)
+def test_plain_http_is_http_1_1_only(front, door):
+    # HTTP/2 without TLS (h2c, prior knowledge) is not spoken: nothing reaches the server.
+    answer, reached = curl(front, door, "--http2-prior-knowledge", "/health")
+    assert not answer.endswith(" 2") and reached == [], answer
+    # An upgrade request is answered in HTTP/1.1.
+    assert curl(front, door, "--http2", "/health")[0] == "200 1.1"
+
+
+@pytest.mark.parametrize("door", TLS_DOORS)
+def test_http_2_over_tls_keeps_every_rule(front, door):
+    key = ["-H", f"Authorization: Bearer {KEY}"]
+    assert curl(front, door, "--http2", *key, "/v1/models")[0] == "200 2"
+    assert curl(front, door, "--http2", "/v1/models")[0] == "401 2"
+    assert curl(front, door, "--http2", *key, "/metrics")[0] == "403 2"
+    post = ["--http2", *key, "-H", "Content-Type: application/json", "--data-binary"]
+    answer, reached = curl(front, door, *post, COMPLETION.decode(), "/v1/completions")
+    assert answer == "200 2" and [seen.body for seen in reached] == [COMPLETION]
+    # Refused while curl still sends the body: HAProxy answers and cancels the stream,
+    # which curl reports as a failed transfer; the door's log has the status.
+    # DATA frames with no declared length could not be held to the body limit.
+    nolength = [*post, COMPLETION.decode(), "-H", "Content-Length:"]
+    assert refused_h2(front, door, nolength) == "411"
+    assert refused_h2(front, door, [*post, "x" * (MAX_BODY + 1)]) == "413"
+
+
+def refused_h2(front: FrontDoors, door: str, args: list[str]) -> str:
+    """The status the door logged for a POST to /v1/completions it refused, checking that
+    nothing of it reached the server."""
+    probe = uuid.uuid4().hex
+    assert curl(front, door, *args, f"/v1/completions?p={probe}")[1] == []
+    [(status, request)] = logged(front, door, probe)
+    assert request == f"POST /v1/completions?p={probe}"
+    return status
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_health_is_get_or_head_without_a_body(front, door):
+    assert send(front, door, "HEAD", "/health").status == 200
+    for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+        outcome = send(front, door, method, "/health", body=b"")
+        assert (outcome.status, outcome.reached) == (405, []), method
+    outcome = send(front, door, "GET", "/health", body=b"hello")
+    assert (outcome.status, outcome.reached) == (400, [])
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_post_must_declare_its_length(front, door):
+    outcome = send(front, door, "POST", "/v1/completions", bearer(KEY))
+    assert (outcome.status, outcome.reached) == (411, [])
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_the_access_log_records_refusals_without_the_key(front, door):
+    probe = uuid.uuid4().hex
+    assert send(front, door, "GET", f"/v1/models?p={probe}", bearer(KEY[:-1])).status == 401
+    assert send(front, door, "GET", f"/admin-{probe}", bearer(KEY)).status == 403
+    assert send(front, door, "GET", f"/v1/models?q={probe}", bearer(KEY)).status == 200
+    assert logged(front, door, probe, 3) == [
+        ("401", f"GET /v1/models?p={probe}"),
+        ("403", f"GET /admin-{probe}"),
+        ("200", f"GET /v1/models?q={probe}"),
+    ]
+    assert KEY[:16] not in front.log(door) and "Bearer" not in front.log(door)
+
+
+def logged(front: FrontDoors, door: str, probe: str, count: int = 1) -> list[tuple[str, str]]:
+    """(status, 'METHOD PATH') of the access log's lines about PROBE, once COUNT are there.
+    A line: 'CLIENT [DATE] FRONTEND BACKEND/SERVER TIMES STATUS BYTES ... "METHOD URI VERSION"'."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in front.log(door).splitlines() if probe in line]
+        if len(lines) >= count or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    found = []
+    for line in lines:
+        before, request = line.split('"')[:2]
+        method, uri = request.split()[:2]
+        found.append(
+            (before.split()[5], f"{method} {urlsplit(uri)._replace(scheme='', netloc='').geturl()}")
+        )
+    return found
+
+
+def test_a_client_past_its_request_rate_gets_429_and_no_other_client_does(front):
+    limit = LIMITS["rate"] * 10  # requests in 10 s
+    statuses = [send(front, "limited", "GET", "/health", source="127.0.0.3") for _ in range(limit)]
+    assert [outcome.status for outcome in statuses] == [200] * limit
+    over = send(front, "limited", "GET", "/health", source="127.0.0.3")
+    assert (over.status, over.reached) == (429, [])
+    # The key does not lift the limit; another client is not held to this one's count.
+    assert (
+        send(front, "limited", "GET", "/v1/models", bearer(KEY), source="127.0.0.3").status == 429
+    )
+    assert send(front, "limited", "GET", "/health", source="127.0.0.4").status == 200
+    # The exempt address (a fleet door's) has no limit.
+    for _ in range(limit + 5):
+        assert send(front, "limited", "GET", "/health", source=EXEMPT).status == 200
+
+
+def test_a_client_past_its_open_connections_gets_429(front):
+    source, port = "127.0.0.5", front.doors["limited"].port
+    held = []
+    for _ in range(LIMITS["connections"]):
+        held.append(
+            socket.create_connection((ADDRESS, port), timeout=10, source_address=(source, 0))
+        )
+    try:
+        time.sleep(0.2)  # HAProxy accepts them
+        over = send(front, "limited", "GET", "/health", source=source)
+        assert (over.status, over.reached) == (429, [])
+        for _ in range(LIMITS["connections"]):
+            assert send(front, "limited", "GET", "/health", source=EXEMPT).status == 200
+    finally:
+        for connection in held:
+            connection.close()
+    deadline = time.monotonic() + 10
+    while send(front, "limited", "GET", "/health", source=source).status != 200:
+        assert time.monotonic() < deadline, "the limit stayed after the connections closed"
+        time.sleep(0.2)

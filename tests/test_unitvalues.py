@@ -225,6 +225,29 @@ def test_only_the_front_door_may_listen_on_a_public_address():
     assert unit_value_errors(SAFE | {"vllm_model_hf_id": "microsoft/Phi-4-mini-instruct"}) == []
 
 
+def test_the_per_client_limits_take_counts_and_addresses_only():
+    ok = SAFE | {
+        "vllm_service_client_max_connections": 0,
+        "vllm_service_client_max_rate": 100,
+        "vllm_service_client_limit_exempt": ["10.0.0.5", "10.1.0.0/16", "fd00::1"],
+    }
+    assert unit_value_errors(ok) == []
+    errors = unit_value_errors(
+        ok
+        | {
+            "vllm_service_client_max_rate": -1,
+            "vllm_service_client_limit_exempt": ["10.0.0.5", "fleet.example", "10.0.0.5 10.0.0.6"],
+        }
+    )
+    assert errors == [
+        "vllm_service_client_max_rate=-1: is less than 0; give 0 or more",
+        "vllm_service_client_limit_exempt='fleet.example': is not one; list IP addresses or "
+        "CIDR networks such as 10.0.0.5 or 10.0.0.0/24",
+        "vllm_service_client_limit_exempt='10.0.0.5 10.0.0.6': is not one; list IP addresses "
+        "or CIDR networks such as 10.0.0.5 or 10.0.0.0/24",
+    ]
+
+
 KEY = "s3cret-" + "k" * 25
 
 

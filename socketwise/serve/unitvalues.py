@@ -81,6 +81,8 @@ MINIMUMS = {
     "vllm_service_request_timeout": 1,
     "vllm_service_queue_timeout": 1,
     "vllm_service_max_body_bytes": 1,
+    "vllm_service_client_max_connections": 0,
+    "vllm_service_client_max_rate": 0,
     "cluster_ctx_size": 1,
     "cluster_parallel": 1,
     "cluster_check_interval": 1,
@@ -446,6 +448,13 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
             continue
         if not allowed(parsed):
             errors.append(_problem(variable, address, "is not allowed here", fix))
+    exempt = values.get("vllm_service_client_limit_exempt", [])
+    for network in exempt if isinstance(exempt, list) else [exempt]:
+        try:
+            ipaddress.ip_network(str(network), strict=False)
+        except ValueError:
+            fix = "list IP addresses or CIDR networks such as 10.0.0.5 or 10.0.0.0/24"
+            errors.append(_problem("vllm_service_client_limit_exempt", network, "is not one", fix))
     ports = ("vllm_service_metrics_port", "vllm_service_fleet_port") + CLUSTER_PORTS
     for variable in ports:
         port = values.get(variable, 1)
