@@ -117,6 +117,35 @@ def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
     assert frontdoor.call(BACKEND, METRICS_PORT, "/v1/models", key)[0] == 403
 
 
+def assert_listeners_inside(machine: lab.Machine, plan: dict) -> None:
+    """Every socket the units' processes listen on (TCP) or bind (UDP) is the front door,
+    its metrics listener, or on loopback away from the public address: the instances and
+    the engines' own sockets (rendezvous, ZMQ, gloo) on the backend address, gloo's on
+    127.0.0.1 (it takes an interface, lo, not an address). The lab's machines share one
+    network namespace, so `ss` shows the others' sockets too, without their processes."""
+    units_of = dict(
+        line.split()
+        for line in on_host(machine, "ps -e -o pid=,unit=").splitlines()
+        if "socketwise-" in line
+    )
+    listeners = set()
+    for line in on_host(machine, "ss -Hlntup").splitlines():
+        local = line.split()[4]
+        address, port = local.rsplit(":", 1)
+        for pid in re.findall(r"pid=(\d+)", line):
+            if pid in units_of:
+                listeners.add((units_of[pid], address.strip("[]"), int(port)))
+    print(f"[listeners] {sorted(listeners)}", flush=True)
+    door = {(ADDRESS, plan["endpoint_port"]), (BACKEND, METRICS_PORT)}
+    engines = {unit for unit, _, _ in listeners} - {"socketwise-lb.service"}
+    assert engines == {f"socketwise-{i['name']}.service" for i in plan["instances"]}
+    for unit, address, port in listeners:
+        if unit == "socketwise-lb.service":
+            assert (address, port) in door, (unit, address, port)
+        else:
+            assert address in (BACKEND, "127.0.0.1"), (unit, address, port)
+
+
 def exposure(machine: lab.Machine, unit: str) -> float:
     shown = on_host(machine, f"systemd-analyze security --no-pager {unit}")
     return float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", shown).group(1))
@@ -367,8 +396,10 @@ def install_zen_aside(machine: lab.Machine, aside: Path, zen_set: str) -> None:
     subprocess.run(lab.ssh_command(machine, command), check=True, timeout=900)
 
 
-def test_sn_front_door_passes_only_openai_routes_with_the_key(key, artifacts):
-    assert_front_door(key, json.loads((artifacts / HOST / "plan.json").read_text()))
+def test_sn_front_door_passes_only_openai_routes_with_the_key(machine, key, artifacts):
+    plan = json.loads((artifacts / HOST / "plan.json").read_text())
+    assert_front_door(key, plan)
+    assert_listeners_inside(machine, plan)
     # A body over vllm_service_max_body_bytes (4 MiB) is refused on its declared length,
     # before it is sent; one without a length (chunked) is refused too.
     for header, value, status in (
@@ -525,6 +556,7 @@ def test_dp2_instances_answer_behind_the_front_door(machine, artifacts, key):
     assert summary(artifacts)["ports"] == [8001, 8002, 8000, METRICS_PORT]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert_front_door(key, plan)
+    assert_listeners_inside(machine, plan)
     assert all(exposure(machine, unit) <= MAX_EXPOSURE for unit in units(machine))
 
 
@@ -552,8 +584,10 @@ def test_tp2_runs_one_rank_per_core(machine, artifacts, key):
     assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-tp.service"]
     assert worker_cpus(artifacts) == [[0], [1]]
     assert on_host(machine, "pgrep -c -f '^VLLM::Worker_TP'") == "2"
-    # TP's shared-memory and gloo groups work inside the sandbox.
-    assert_front_door(key, json.loads((artifacts / HOST / "plan.json").read_text()))
+    # TP's shared-memory and gloo groups work inside the sandbox, on loopback.
+    plan = json.loads((artifacts / HOST / "plan.json").read_text())
+    assert_front_door(key, plan)
+    assert_listeners_inside(machine, plan)
     assert exposure(machine, "socketwise-vllm-tp.service") <= MAX_EXPOSURE
 
 
@@ -562,6 +596,7 @@ def test_vllm_internal_dp2_runs_two_engines_in_one_service(machine, artifacts, k
     assert run.returncode == 0, run.output[-4000:]
     assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-dp.service"]
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
+    assert_listeners_inside(machine, json.loads((artifacts / HOST / "plan.json").read_text()))
     assert worker_cpus(artifacts) == [[0], [1]]
 
 
