@@ -134,6 +134,8 @@ def test_the_gguf_is_written_once_per_checkpoint_and_described_for_the_plan(tmp_
     described = ggufmodel.info(out)
     assert described["layers"] == LAYERS and described["path"] == str(out.resolve())
     assert described["gb"] == round(out.stat().st_size / 2**30, 3)
+    # One token of llama-server's f16 cache: a key and a value per KV head in every layer.
+    assert described["kv_bytes_per_token"] == 2 * 2 * LAYERS * KV_HEADS * (HIDDEN // HEADS)
     # A new checkpoint in the same place is written again.
     write_checkpoint(tmp_path / "model")
     weights = tmp_path / "model" / "model.safetensors"

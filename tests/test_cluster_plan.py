@@ -15,6 +15,7 @@ from ansible.plugins.filter.core import comment
 from socketwise.facts.topology import detect
 from socketwise.plan.cluster import ClusterRequest, plan_cluster, plan_hosts
 from socketwise.plan.nodes import PlanError
+from socketwise.serve.limits import stage_limits
 from socketwise.serve.unitvalues import quote
 
 from .machines import build_machine
@@ -231,7 +232,7 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
         "vllm_service_dtype": "", "vllm_service_environment": {},
         "vllm_service_extra_args": [], "__vllm_service_typed": {"vllm_service_max_model_len": None},
-        "vllm_service_backend_address": "127.0.0.1",
+        "vllm_service_backend_address": "127.0.0.1", "__cluster_stage_limits": stage_limits(me),
     }  # fmt: skip
     return environment.get_template("vllm-pp.service.j2").render(variables | values)
 

@@ -14,6 +14,7 @@ from ansible.plugins.filter.core import comment
 
 from socketwise.common.typed import declared_types, typed
 from socketwise.plan.planner import PlanRequest, plan
+from socketwise.serve.limits import instance_limits
 from socketwise.serve.unitvalues import (
     OWNED_FLAGS,
     account_error,
@@ -68,6 +69,7 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_container": False,
         "__vllm_service_placed": True,
         "__vllm_service_secrets_dir": "/etc/socketwise/secrets",
+        "__vllm_service_limits": instance_limits(sn, sn["instances"][0]),
     }
     numbers = {
         "vllm_service_max_model_len": None,

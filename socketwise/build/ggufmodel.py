@@ -198,11 +198,39 @@ def info(path: Path) -> dict:
     blocks = reader.get_field(f"{arch.contents()}.block_count") if arch else None
     if blocks is None:
         raise ConvertError(f"{path}: no block count (general.architecture and its block_count)")
+    layers = int(blocks.contents())
     return {
         "path": str(path.resolve()),
-        "layers": int(blocks.contents()),
+        "layers": layers,
         "gb": round(path.stat().st_size / 2**30, 3),
+        "kv_bytes_per_token": _kv_bytes_per_token(reader, arch.contents(), layers),
     }
+
+
+def _kv_bytes_per_token(reader, arch: str, layers: int) -> int:
+    """What one token of llama.cpp's KV cache takes over every layer: a key and a value per
+    KV head, f16 (llama-server's default cache type). A field the file lacks takes
+    llama.cpp's default (KV heads: the heads; key and value length: embedding / heads);
+    a per-layer head count is summed. Sizes the cluster's units (socketwise.serve.limits)."""
+
+    def field(key: str):
+        found = reader.get_field(f"{arch}.{key}")
+        return None if found is None else found.contents()
+
+    embedding = int(field("embedding_length") or 0)
+    heads = field("attention.head_count") or 1
+    kv_heads = field("attention.head_count_kv") or heads
+    if not isinstance(heads, list):
+        heads = [heads] * layers
+    if not isinstance(kv_heads, list):
+        kv_heads = [kv_heads] * layers
+    per_token = 0
+    for layer_heads, layer_kv_heads in zip(heads, kv_heads, strict=True):
+        head_dim = embedding // max(int(layer_heads), 1)
+        key = int(field("attention.key_length") or head_dim)
+        value = int(field("attention.value_length") or head_dim)
+        per_token += int(layer_kv_heads) * (key + value)
+    return 2 * per_token
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,16 @@
-"""Ansible door into socketwise.serve.unitvalues: the filters `systemd_quote` and
-`socketwise_unit_value_errors`, `socketwise_secret_errors`, `socketwise_address_errors`,
-`socketwise_account_error`, `socketwise_number_errors`, `socketwise_listener_clashes`,
-`socketwise_tls_error`."""
+"""Ansible door into socketwise.serve.unitvalues and socketwise.serve.limits: the filters
+`systemd_quote` and `socketwise_unit_value_errors`, `socketwise_secret_errors`,
+`socketwise_address_errors`, `socketwise_account_error`, `socketwise_number_errors`,
+`socketwise_listener_clashes`, `socketwise_tls_error`; each unit's MemoryMax= and
+TasksMax=, sized from the plan: `socketwise_instance_limits`, `socketwise_stage_limits`
+and `socketwise_llamacpp_limits`. The same file serves the cluster role (linked into its
+filter_plugins/)."""
 
 import sys
 from pathlib import Path
 
 try:
+    from socketwise.serve import limits
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
@@ -21,6 +25,7 @@ except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from socketwise.serve import limits
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
@@ -66,4 +71,7 @@ class FilterModule:
             "socketwise_number_errors": number_errors,
             "socketwise_listener_clashes": listener_clashes,
             "socketwise_tls_error": socketwise_tls_error,
+            "socketwise_instance_limits": limits.instance_limits,
+            "socketwise_stage_limits": limits.stage_limits,
+            "socketwise_llamacpp_limits": limits.llamacpp_limits,
         }

@@ -1,0 +1,345 @@
+"""Every unit the kit renders, scored by systemd's own sandbox review, without a lab.
+
+Ansible's template module renders each unit kind in one run, from the roles' own
+defaults, variables and filters, for plans the planners make of fixture hosts: a single
+host's vLLM (SN, two DP instances, TP-2, plain vLLM without the plan's placement, and the
+image method on a real host and on an nspawn one), a vLLM pipeline's head and follower, a
+llama.cpp cluster's head and RPC server, a host's and a cluster head's front door, and
+the fleet's. Each must pass `systemd-analyze verify`, score at most 4.0 in
+`systemd-analyze security --offline=true` (the scores are printed: run pytest with -s),
+and carry the MemoryMax= and TasksMax= that the sizing rule of docs/guides/security.md
+gives for its plan, worked out here from the plan's numbers.
+
+What stays in the lab: that the units start and serve under that sandbox and those limits
+(tests/test_deploy_lab.py for the venv units, molecule/image for Podman's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from socketwise.facts.topology import detect
+from socketwise.plan.cluster import ClusterRequest, plan_cluster
+from socketwise.plan.planner import PlanRequest, plan
+
+from .machines import build_machine
+from .playbooks import REPO, run_playbook
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (systemd 252 or later)"
+)
+
+TEMPLATES = REPO / "templates"
+ROLES = REPO / "roles"
+MOST_EXPOSED = 4.0
+# The cluster's members and their private addresses.
+MEMBERS = {"head": "10.0.0.1", "follower": "10.0.0.2"}
+# llama.cpp's cluster model, as socketwise.build.ggufmodel.info reports a GGUF: 32 layers
+# of 8 KV heads of 128, f16 keys and values.
+GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
+GGUF_KV_BYTES_PER_TOKEN = 32 * 8 * (128 + 128) * 2
+# A lab machine: 2 cores, one node, the built-in tiny Llama (4M parameters, 16 MB).
+LAB_TOPOLOGY = {
+    "schema": 1,
+    "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}],
+    "isa": {"avx2": True},
+}
+TINY_MODEL_GB = 0.016
+# vLLM on CPU: about 3 GB of RSS serving the tiny model (docs/guides/security.md).
+VLLM_IDLE_GIB = 3
+
+
+@dataclass
+class Limits:
+    """MemoryMax= (GiB) and TasksMax= by the rule of docs/guides/security.md: twice the
+    weights, the KV cache and 2 GiB per process; a thread per bound CPU and, per process,
+    512 tasks and 4 per CPU it may use."""
+
+    weights_gb: float
+    cache_gb: float
+    processes: int
+    threads: int
+    cpus: int
+
+    @property
+    def memory_gib(self) -> int:
+        return math.ceil(2 * self.weights_gb + self.cache_gb + 2 * self.processes)
+
+    @property
+    def tasks(self) -> int:
+        return self.threads + self.processes * (512 + 4 * self.cpus)
+
+
+def vllm(weights_per_rank: float, placement: dict, cpus: int) -> Limits:
+    """A vLLM instance or stage: its API server, engine core and a worker per rank."""
+    ranks = placement["ranks"]
+    return Limits(
+        weights_per_rank * len(ranks),
+        placement["kvcache_gb"] * len(ranks),
+        2 + len(ranks),
+        sum(len(rank["cpus"]) for rank in ranks),
+        cpus,
+    )
+
+
+def llamacpp(cluster: dict, layers: int, threads: int, cpus: int) -> Limits:
+    defaults = yaml.safe_load((ROLES / "cluster/defaults/main.yml").read_text())
+    tokens = defaults["cluster_ctx_size"] * defaults["cluster_parallel"]
+    share = layers / cluster["model_layers"]
+    kv = GGUF_KV_BYTES_PER_TOKEN * tokens * share / 2**30
+    return Limits(cluster["model_gb"] * share, kv, 1, threads, cpus)
+
+
+def logical_cpus(topology: dict) -> int:
+    return sum(len(core) for node in topology["nodes"] for core in node["cores"])
+
+
+@dataclass
+class Rendered:
+    units: dict[str, Path]
+    expected: dict[str, Limits | None]  # None: a front door's fixed cap
+
+
+def _task_vars(tasks_file: str, name: str) -> dict:
+    """The vars: of the task NAME in a role's tasks file: the test renders with them too."""
+    tasks = yaml.safe_load((REPO / tasks_file).read_text())
+    return next(task for task in tasks if task.get("name") == name).get("vars", {})
+
+
+def _task(dest: str, template: str, host: str, task_vars: dict, loop: dict | None = None):
+    return {
+        "name": f"Render {template} on {host} as {dest}",
+        "ansible.builtin.template": {
+            "src": str(TEMPLATES / template),
+            "dest": "{{ __test_dir }}/" + dest,
+            "mode": "0644",
+        },
+        "when": f"inventory_hostname == '{host}'",
+        "vars": task_vars,
+    } | (loop or {})
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Rendered:
+    """Every unit kind through Ansible's template module in one run, as the roles render
+    them: the vllm, vllm_service and cluster roles' defaults/main.yml and vars/main.yml,
+    their filters, and the vars of the role's own task where it has any. The test gives
+    the plans, the facts earlier plays publish, and the addresses."""
+    directory = tmp_path_factory.mktemp("units")
+    r730 = detect(build_machine("r730", directory / "r730"))
+    vm = detect(build_machine("vm", directory / "vm"))
+    members = [(name, vm) for name in MEMBERS]
+    plans = {
+        "sn": plan(r730, PlanRequest(layout="sn", model_gb=8)),
+        "dp": plan(r730, PlanRequest(layout="dp", model_gb=8)),
+        "tp": plan(r730, PlanRequest(layout="tp", model_gb=8)),
+        "lab": plan(LAB_TOPOLOGY, PlanRequest(layout="sn", model_gb=TINY_MODEL_GB)),
+    }
+    pp = plan_cluster(members, ClusterRequest(model_gb=20, layers=32))
+    llama = plan_cluster(
+        members, ClusterRequest(model_gb=GGUF["gb"], layers=GGUF["layers"], engine="llamacpp")
+    )
+    sn = plans["sn"]
+    values = {
+        "__test_dir": str(directory),
+        "socketwise_plan": sn,
+        "socketwise_build": sn["build"],
+        "vllm_model": "/opt/socketwise/models/tiny-llama-0123456789ab",
+        "vllm_served_name": "tiny-llama",
+        "vllm_service_api_key": "sk-" + "k" * 32,
+        # Facts of the vllm role's prepare and main tasks.
+        "__vllm_host_build": {"id": "0123456789ab"},
+        "__vllm_account": {"uid": 998, "group": 998},
+        "__vllm_host_image": {"tag": "localhost/socketwise-vllm:avx2-0123456789ab"},
+        # Facts of the cluster role's check and llamacpp tasks.
+        "socketwise_cluster": "c1",
+        "socketwise_cluster_head": "head",
+        "__cluster_home": "/opt/socketwise",
+        "__cluster_build": {"id": "fedcba987654"},
+        "__cluster_model_info": GGUF | {"kv_bytes_per_token": GGUF_KV_BYTES_PER_TOKEN},
+    }
+    (directory / "values.json").write_text(json.dumps(values))
+    addresses = {name: {"socketwise_cluster_address": a} for name, a in MEMBERS.items()}
+    local = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+    }
+    inventory = {"all": {"hosts": {"single": {}} | addresses, "vars": local}}
+    (directory / "inventory.yml").write_text(json.dumps(inventory))
+
+    expected: dict[str, Limits | None] = {}
+    tasks = []
+    # (prefix, plan, extra vars, the CPUs its processes may use, or None: the plan's)
+    image = {"vllm_install_method": "image"}
+    nspawn = image | {"vllm_container_cgroups": False}
+    singles = [
+        ("", "sn", {}, None),
+        ("", "dp", {}, None),
+        ("", "tp", {}, None),
+        ("lab-", "lab", {}, None),
+        ("plain-", "sn", {"vllm_service_placement": "vllm"}, logical_cpus(r730)),
+        ("image-", "sn", image, None),
+        ("image-nspawn-", "sn", nspawn, None),
+        ("image-nspawn-hub-", "sn", nspawn | {"vllm_model_hf_id": "org/model"}, None),
+    ]
+    for prefix, layout, extra, cpus in singles:
+        planned = plans[layout]
+        tasks.append(
+            _task(
+                f"{prefix}socketwise-{{{{ instance.name }}}}.service",
+                "vllm.service.j2",
+                "single",
+                {"socketwise_plan": planned} | extra,
+                {"loop": planned["instances"], "loop_control": {"loop_var": "instance"}},
+            )
+        )
+        for instance in planned["instances"]:
+            weights = planned["model_gb"] / instance["tp"]
+            allowed = cpus or len(instance["cpus_allowed"])
+            expected[f"{prefix}socketwise-{instance['name']}.service"] = vllm(
+                weights, instance, allowed
+            )
+    for host in MEMBERS:
+        name = f"{host}-socketwise-pp-vllm.service"
+        tasks.append(_task(name, "vllm-pp.service.j2", host, {"socketwise_cluster_plan": pp}))
+        entry = next(e for e in pp["hosts"] if e["host"] == host)
+        stage = entry["stage"]
+        weights = entry["weights_gb"] / len(stage["ranks"])
+        expected[name] = vllm(weights, stage, len(stage["cpus_allowed"]))
+    engine = {"socketwise_engine": "llamacpp", "socketwise_cluster_plan": llama}
+    head = next(e for e in llama["hosts"] if e["host"] == "head")
+    name = "head-socketwise-llamacpp.service"
+    tasks.append(_task(name, "llamacpp-server.service.j2", "head", engine))
+    cpus = len(head["stage"]["cpus_allowed"])
+    expected[name] = llamacpp(llama, head["layers"]["count"], cpus, cpus)
+    tasks.append(
+        _task(
+            "follower-socketwise-rpc-node{{ server.node }}.service",
+            "llamacpp-rpc.service.j2",
+            "follower",
+            engine,
+            {"loop": "{{ __cluster_me.rpc_servers }}", "loop_control": {"loop_var": "server"}},
+        )
+    )
+    follower = next(e for e in llama["hosts"] if e["host"] == "follower")
+    for server in follower["rpc_servers"]:
+        expected[f"follower-socketwise-rpc-node{server['node']}.service"] = llamacpp(
+            llama, server["layers"], server["threads"], len(server["cpus"])
+        )
+    cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
+    tasks += [
+        _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
+        _task("socketwise-fleet.service", "socketwise-fleet.service.j2", "single", {}),
+        _task("head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
+              {"socketwise_cluster_plan": pp} | cluster_lb),
+    ]  # fmt: skip
+    expected |= dict.fromkeys(
+        ["socketwise-lb.service", "socketwise-fleet.service", "head-socketwise-cluster-lb.service"]
+    )
+
+    play = {
+        "name": "Render every unit kind",
+        "hosts": "all",
+        "gather_facts": False,
+        "vars_files": [
+            str(ROLES / role / kind / "main.yml")
+            for role in ("vllm", "vllm_service", "cluster")
+            for kind in ("defaults", "vars")
+        ]
+        + [str(directory / "values.json")],
+        "tasks": tasks,
+    }
+    (directory / "render.yml").write_text(json.dumps([play]))
+    filters = ":".join(str(ROLES / role / "filter_plugins") for role in ("vllm_service", "cluster"))
+    run = run_playbook(
+        str(directory / "render.yml"),
+        *("-i", str(directory / "inventory.yml")),
+        env={"ANSIBLE_FILTER_PLUGINS": filters},
+    )
+    assert run.returncode == 0, run.output[-4000:]
+    units = {path.name: path for path in sorted(directory.glob("*.service"))}
+    assert sorted(units) == sorted(expected)
+    return Rendered(units, expected)
+
+
+def exposure(unit: Path) -> float:
+    """`systemd-analyze security`'s overall exposure of the unit file (0 safest, 10 worst)."""
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+    assert found, f"{unit.name}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    return float(found.group(1))
+
+
+def setting(unit: Path, key: str) -> str:
+    values = re.findall(rf"^{key}=(.*)$", unit.read_text(), re.MULTILINE)
+    assert len(values) == 1, f"{unit.name}: {key}= {values}"
+    return values[0]
+
+
+def test_every_unit_scores_at_most_4_in_systemds_sandbox_review(rendered):
+    scores = {name: exposure(unit) for name, unit in rendered.units.items()}
+    print("\nsystemd-analyze security --offline=true (0 safest, 10 worst):")
+    for name, score in scores.items():
+        print(f"  {score:4.1f}  {name}")
+    assert {name: s for name, s in scores.items() if s > MOST_EXPOSED} == {}
+
+
+def test_every_unit_passes_systemd_analyze_verify(rendered):
+    for name, unit in rendered.units.items():
+        done = subprocess.run(
+            ["systemd-analyze", "verify", f"{unit}:{name}"], capture_output=True, text=True
+        )
+        # The installs (venv, llama.cpp build) are not on this machine; nothing else may be
+        # wrong.
+        problems = [
+            line
+            for line in done.stderr.splitlines()
+            if line.strip() and "/opt/socketwise/" not in line
+        ]
+        assert problems == [], name
+
+
+def test_every_unit_is_limited_as_its_plan_says(rendered):
+    print("\nMemoryMax / TasksMax:")
+    for name, unit in rendered.units.items():
+        memory, tasks = setting(unit, "MemoryMax"), setting(unit, "TasksMax")
+        print(f"  {memory:>5} {tasks:>6}  {name}")
+        rule = rendered.expected[name]
+        if rule is None:
+            # HAProxy holds no model: a fixed cap.
+            assert (memory, tasks) == ("2G", "512"), name
+        else:
+            assert (memory, tasks) == (f"{rule.memory_gib}G", str(rule.tasks)), name
+
+
+def test_the_smallest_plan_leaves_vllm_room_to_run(rendered):
+    # The lab's tiny model on 2 cores: its KV cache and vLLM's idle RSS, with room to spare.
+    unit = rendered.units["lab-socketwise-vllm-sn.service"]
+    memory = int(setting(unit, "MemoryMax").removesuffix("G"))
+    kv = int(re.search(r"^Environment=VLLM_CPU_KVCACHE_SPACE=(\d+)$", unit.read_text(), re.M)[1])
+    assert memory >= kv + VLLM_IDLE_GIB + 2, (memory, kv)
+
+
+def test_the_image_methods_container_gets_the_same_limits(rendered):
+    # A real host's container runs in its own cgroup: Podman gives it the unit's limits.
+    for name in ("image-socketwise-vllm-sn.service", "image-nspawn-socketwise-vllm-sn.service"):
+        unit = rendered.units[name]
+        text = unit.read_text()
+        memory, tasks = setting(unit, "MemoryMax"), setting(unit, "TasksMax")
+        own_cgroup = f"--memory={memory} \\" in text and f"--pids-limit={tasks} \\" in text
+        assert own_cgroup is ("--cgroups=disabled" not in text), name
+        # Podman's storage and run state stay writable, the rest of the system does not.
+        assert "ProtectSystem=strict" in text and "ReadWritePaths=/var/lib/containers /run" in text
