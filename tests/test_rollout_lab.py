@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import math
 import shutil
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -92,8 +92,13 @@ class Fleet:
 
     def started_at(self, host: str, unit: str) -> float:
         """When the unit's main process started, in epoch seconds (systemd's own record)."""
-        shown = self.on(host, f"systemctl show -p ExecMainStartTimestamp --timestamp=unix {unit}")
-        return float(shown.split("@", 1)[1])
+        shown = self.on(host, f"systemctl show -p ExecMainStartTimestamp --timestamp=us+utc {unit}")
+        # ExecMainStartTimestamp=Thu 2026-11-26 23:43:19.031919 UTC: microseconds, as the
+        # rollout summary's own times have.
+        stamp = shown.strip().split("=", 1)[1]
+        return (
+            datetime.strptime(stamp, "%a %Y-%m-%d %H:%M:%S.%f %Z").replace(tzinfo=UTC).timestamp()
+        )
 
     def fleet_servers(self) -> dict[str, dict[str, str]]:
         """The fleet front door's own view (runtime API): per host, status and sessions."""
@@ -322,8 +327,7 @@ def test_a_host_with_two_replicas_restarts_them_one_at_a_time(fleet, rolled):
     first_started, second_started = (
         fleet.started_at(DP_HOST, f"socketwise-{name}.service") for name in REPLICAS
     )
-    # (systemd's record has whole seconds: a start in the second the replica left counts.)
-    assert math.floor(first["left"]) <= first_started < first["back"] <= second_started, restarts
+    assert first["left"] <= first_started < first["back"] <= second_started, restarts
 
 
 def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, rolled):
@@ -375,7 +379,20 @@ def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet,
     assert bench["tolerance"] == GATE_TOLERANCE
     for figures in (bench["before"], bench["after"]):
         assert figures["completed"] == 16 and figures["failed"] == 0
-    assert any(problem.startswith("TTFT p99") for problem in bench["problems"]), bench
+    # One request at a time shows as lower output tok/s, a longer TTFT p99 or both (which,
+    # depends on the machine); the gate names each figure outside the tolerance.
+    before_figures, after_figures = bench["before"], bench["after"]
+    outside = {
+        "output": after_figures["output_tok_s"]
+        < before_figures["output_tok_s"] * (1 - GATE_TOLERANCE),
+        "TTFT p99": after_figures["ttft_p99_ms"]
+        > before_figures["ttft_p99_ms"] * (1 + GATE_TOLERANCE),
+    }
+    assert any(outside.values()), bench
+    named = {
+        figure for figure in outside for problem in bench["problems"] if problem.startswith(figure)
+    }
+    assert named == {figure for figure, out in outside.items() if out}, bench
     assert entry["rolled_back"] and entry["release_after"] == entry["release_before"] == before
     key = api_key_path().read_text().strip()
     assert frontdoor.completion_tokens(fleet.machines[SN_HOST].address, FLEET_PORT, key) > 0

@@ -227,7 +227,7 @@ def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
         rows = list(csv.DictReader(f))
     assert {r["host"] for r in rows} == {machines.served.name}  # the load generator serves nothing
     for layout in LAYOUTS:
-        assert all(r["failed"] == "0" for r in rows if r["layout"] == layout)
+        assert all(r["failed"] == "0" for r in rows if r["layout"] == layout), rows
         steps = list((run_dir / "hosts" / SERVED / layout / "sweep").glob("*/step.json"))
         assert len(steps) == 3
         for step in steps:
