@@ -109,8 +109,10 @@ def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
     assert frontdoor.completion_tokens(ADDRESS, port, key, tls) > 0
     for instance in plan["instances"]:
         assert not frontdoor.answers(ADDRESS, instance["port"])
-        # vLLM checks the key itself too, behind the front door.
+        # vLLM checks a key itself too, behind the front door: the host's backend
+        # credential, which the door sends in place of the client's; never a client's key.
         assert frontdoor.call(BACKEND, instance["port"], "/v1/models")[0] == 401
+        assert frontdoor.call(BACKEND, instance["port"], "/v1/models", key)[0] == 401
         status, body = frontdoor.call(BACKEND, METRICS_PORT, f"/metrics/{instance['name']}")
         assert status == 200 and b"vllm:num_requests_running" in body
     assert not frontdoor.answers(ADDRESS, METRICS_PORT)
@@ -445,17 +447,24 @@ def test_the_key_is_only_in_its_root_only_files(machine, artifacts, key):
     )
     assert listing.splitlines() == [
         "700 root /etc/socketwise/secrets",
+        "600 root /etc/socketwise/secrets/backend-key",
+        "600 root /etc/socketwise/secrets/client-keys",
         "600 root /etc/socketwise/secrets/frontdoor.env",
         "600 root /etc/socketwise/secrets/vllm.env",
     ]
+    # HAProxy (a dynamic user) reads its copy of the client keys, which only it reads.
+    copy = on_host(machine, "stat -c '%a %U %n' /run/socketwise-lb /run/socketwise-lb/client-keys")
+    assert [line.split()[0] for line in copy.splitlines()] == ["700", "400"]
+    assert len({line.split()[1] for line in copy.splitlines()} - {"root"}) == 1, copy
     # The release keeps the same files as root's alone, to go back to them.
     kept = on_host(
         machine,
         "cd /opt/socketwise/releases/current && stat -c '%a %U %n' secrets secrets/*"
-        " && cmp secrets/frontdoor.env /etc/socketwise/secrets/frontdoor.env && echo same",
+        " && cmp secrets/client-keys /etc/socketwise/secrets/client-keys && echo same",
     )
     assert kept.splitlines() == [
         "700 root secrets",
+        "600 root secrets/client-keys",
         "600 root secrets/frontdoor.env",
         "600 root secrets/vllm.env",
         "same",

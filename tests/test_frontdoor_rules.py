@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -40,6 +41,11 @@ pytestmark = pytest.mark.skipif(
 
 ADDRESS = "127.0.0.1"
 KEY = "sk-frontdoor-" + uuid.uuid4().hex
+# The key being replaced during a rotation: accepted beside KEY.
+PREVIOUS = "sk-previous-" + uuid.uuid4().hex
+# The host's backend credential (vLLM's own key): what a host's or cluster head's door
+# sends an instance in place of the client's key.
+BACKEND = "backend" + uuid.uuid4().hex
 # Small, so a body at the limit is cheap to send; the rule is the same at 4 MiB.
 MAX_BODY = 2048
 INSTANCE = "vllm-sn"
@@ -121,6 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
+        time.sleep(float(headers.get("x-delay", 0)))  # a request still in flight
         with self.server.lock:
             self.server.seen.append(Seen(self.command, self.path, headers, body))
         answer = json.dumps({"object": "list", "data": []}).encode()
@@ -167,7 +174,7 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    ports = {name: free_port() for name in (*DOORS, "anonymous", "limited", "metrics")}
+    ports = {name: free_port() for name in (*DOORS, "anonymous", "limited", "rotating", "metrics")}
     plan = {
         "load_balancer": {"port": ports["host"], "balance": "leastconn"},
         "instances": [{"name": INSTANCE, "port": backend_port, "max_connections": 8}],
@@ -228,6 +235,11 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
                 "vllm_service_client_max_rate": LIMITS["rate"],
                 "vllm_service_client_limit_exempt": [EXEMPT],
             },
+        ),
+        # Reloaded with new keys (test_a_reload_takes_new_keys...).
+        "rotating": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "rotating", plan, ports["rotating"]),
         ),
         "fleet": ("fleet-haproxy.cfg.j2", {}),
         "fleet-tls": (
@@ -300,11 +312,25 @@ def credentials(directory: Path) -> Path:
     return given
 
 
+def write_keys(path: Path, *keys: str) -> Path:
+    """client-keys as secrets.yml writes it: a key a line."""
+    path.write_text("".join(f"{key}\n" for key in keys))
+    return path
+
+
 def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
-    """HAProxy as socketwise-lb.service runs it: the configuration checked first, the key
-    in its environment (the unit's EnvironmentFile, frontdoor.env), the certificate in its
-    credentials directory, in the foreground."""
-    env = dict(os.environ, SOCKETWISE_API_KEY=KEY, CREDENTIALS_DIRECTORY=str(given))
+    """HAProxy as socketwise-lb.service runs it: the configuration checked first, the
+    backend credential in its environment (the unit's EnvironmentFile, frontdoor.env), the
+    client keys in the file SOCKETWISE_CLIENT_KEYS names (the unit's copy of client-keys),
+    the certificate in its credentials directory; in the foreground, master and worker (a
+    SIGUSR2 reloads it, as the unit's ExecReload does)."""
+    keys = write_keys(directory / f"{door.name}-client-keys", KEY, PREVIOUS)
+    env = dict(
+        os.environ,
+        SOCKETWISE_BACKEND_KEY=BACKEND,
+        SOCKETWISE_CLIENT_KEYS=str(keys),
+        CREDENTIALS_DIRECTORY=str(given),
+    )
     config = directory / f"{door.name}.cfg"
     log = directory / f"{door.name}.log"
     checked = subprocess.run(
@@ -312,7 +338,7 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
     )
     assert checked.returncode == 0, f"{config}: {checked.stdout}{checked.stderr}"
     process = subprocess.Popen(
-        ["haproxy", "-db", "-f", str(config)],
+        ["haproxy", "-W", "-db", "-f", str(config)],
         env=env,
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
@@ -334,6 +360,7 @@ class FrontDoors:
     doors: dict[str, Door]
     server: Recorder
     directory: Path
+    processes: dict[str, subprocess.Popen]
 
     def log(self, door: str) -> str:
         """What the door's HAProxy wrote: its access log (the journal, on a host)."""
@@ -347,14 +374,14 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     doors = render(directory, server.server_address[1])
     given = credentials(directory)
-    processes = []
+    processes = {}
     try:
         for door in doors.values():
             if door.name != "metrics":  # the host door's second listener
-                processes.append(start(door, directory, given))
-        yield FrontDoors(doors, server, directory)
+                processes[door.name] = start(door, directory, given)
+        yield FrontDoors(doors, server, directory, processes)
     finally:
-        for process in processes:
+        for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
         server.shutdown()
@@ -431,6 +458,13 @@ def route_request(method: str) -> bytes | None:
 # --- the rules ---------------------------------------------------------------------------
 
 
+def sent_on(door: str, key: str) -> str:
+    """The Authorization an instance behind DOOR gets for a client's KEY: a host's or a
+    cluster head's door sends the backend credential (vLLM checks it); the fleet door
+    passes the client's key on to a host's door, which checks it again."""
+    return f"Bearer {key if door.startswith('fleet') else BACKEND}"
+
+
 @pytest.mark.parametrize("door", DOORS)
 @pytest.mark.parametrize(("method", "route"), OPENAI_ROUTES)
 def test_openai_routes_with_the_key_reach_the_instance_unchanged(front, door, method, route):
@@ -439,10 +473,43 @@ def test_openai_routes_with_the_key_reach_the_instance_unchanged(front, door, me
         outcome = send(front, door, method, path, bearer(KEY), body)
         assert outcome.status == 200, path
         [seen] = outcome.reached
-        # The instance gets the path, the key (vLLM checks it again) and the body as sent.
+        # The instance gets the path and the body as sent, with the backend's key.
         assert (seen.method, seen.path) == (method, path)
-        assert seen.headers["authorization"] == f"Bearer {KEY}"
+        assert seen.headers["authorization"] == sent_on(door, KEY)
         assert seen.body == (body or b"")
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_the_previous_key_passes_too_during_a_rotation(front, door):
+    outcome = send(front, door, "POST", "/v1/completions", bearer(PREVIOUS), COMPLETION)
+    assert outcome.status == 200
+    assert [seen.headers["authorization"] for seen in outcome.reached] == [sent_on(door, PREVIOUS)]
+
+
+def test_a_reload_takes_new_keys_and_keeps_the_connections_in_flight(front):
+    """A rotation's end: the file gets the new key and loses the previous one; SIGUSR2 (the
+    unit's ExecReload) loads it, and a request in flight is answered."""
+    new = "sk-new-" + uuid.uuid4().hex
+    assert send(front, "rotating", "GET", "/v1/models", bearer(new)).status == 401
+    in_flight: list[Outcome] = []
+    slow = threading.Thread(
+        target=lambda: in_flight.append(
+            send(front, "rotating", "GET", "/v1/models", bearer(KEY) | {"X-Delay": "2"})
+        )
+    )
+    slow.start()
+    time.sleep(0.5)  # it reached the server and waits there
+    write_keys(front.directory / "rotating-client-keys", new, KEY)
+    front.processes["rotating"].send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 10
+    while send(front, "rotating", "GET", "/v1/models", bearer(new)).status != 200:
+        assert time.monotonic() < deadline, front.log("rotating")[-2000:]
+        time.sleep(0.1)
+    assert send(front, "rotating", "GET", "/v1/models", bearer(KEY)).status == 200
+    assert send(front, "rotating", "GET", "/v1/models", bearer(PREVIOUS)).status == 401
+    # The old worker finished the request it held.
+    slow.join(timeout=10)
+    assert [outcome.status for outcome in in_flight] == [200]
 
 
 @pytest.mark.parametrize("door", DOORS)
@@ -460,6 +527,9 @@ def test_a_missing_or_wrong_key_is_refused_before_the_instance(front, door, meth
         bearer(KEY[:-1]),
         bearer(KEY + "x"),
         bearer(f"{KEY} {KEY}"),
+        bearer(f"{KEY}\n{PREVIOUS}"[:40]),
+        bearer(PREVIOUS[1:]),
+        bearer(BACKEND),
         bearer(""),
         {"Authorization": KEY},
         {"Authorization": "Basic " + base64.b64encode(f"user:{KEY}".encode()).decode()},

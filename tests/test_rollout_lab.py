@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import secrets
 import shutil
 import threading
 import time
@@ -42,6 +43,10 @@ SERVING = SN_HOST, DP_HOST = (f"{LAB}1", f"{LAB}2")
 DOOR = f"{LAB}3"
 UNITS = "/etc/systemd/system/socketwise-*.service"
 VLLM_UNIT = "socketwise-vllm-sn.service"
+# Each machine's front door.
+DOOR_UNITS = {SN_HOST: "socketwise-lb.service", DP_HOST: "socketwise-lb.service"} | {
+    DOOR: "socketwise-fleet.service"
+}
 REPLICAS = ("vllm-dp0", "vllm-dp1")
 # The benchmark gate's tolerance in the canary stage. The lab's hosts share two cores,
 # and the gate's own benchmark spends seconds importing vLLM on them, so the gate is
@@ -90,6 +95,10 @@ class Fleet:
             ),
         }  # fmt: skip
 
+    def main_pid(self, host: str, unit: str) -> str:
+        """The unit's main process: the same after a reload, another after a restart."""
+        return self.on(host, f"systemctl show -p MainPID --value {unit}").strip()
+
     def started_at(self, host: str, unit: str) -> float:
         """When the unit's main process started, in epoch seconds (systemd's own record)."""
         shown = self.on(host, f"systemctl show -p ExecMainStartTimestamp --timestamp=us+utc {unit}")
@@ -121,12 +130,14 @@ class Load:
     next send), from before a change starts until after it ends. A request fails when the
     front door answers other than 200, or not at all."""
 
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, key: str | None = None, rate: float = LOAD_RATE):
         self.address = fleet.machines[DOOR].address
-        self.key = api_key_path().read_text().strip()
+        self.key = key or api_key_path().read_text().strip()
+        self.rate = rate
         self.sends: list[float] = []
-        # (sent, answered, ok) of each request, as time.monotonic() seconds.
-        self.answered: list[tuple[float, float, bool]] = []
+        # (sent, answered, status) of each request, as time.monotonic() seconds (status 0:
+        # no answer).
+        self.answered: list[tuple[float, float, int]] = []
         self.requests: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -139,7 +150,7 @@ class Load:
             request = threading.Thread(target=self._request, args=(time.monotonic(),), daemon=True)
             request.start()
             self.requests.append(request)
-            self.stopping.wait(1 / LOAD_RATE)
+            self.stopping.wait(1 / self.rate)
 
     def _request(self, sent: float) -> None:
         try:
@@ -149,25 +160,29 @@ class Load:
         except (OSError, http.client.HTTPException):
             status = 0
         with self.lock:
-            self.answered.append((sent, time.monotonic(), status == 200))
+            self.answered.append((sent, time.monotonic(), status))
 
     def finish(self) -> dict:
         """sent, completed, failed, `windows`: when the load ran, as epoch seconds (one
         window, from its first send until it was stopped), and `failures`: (sent, answered)
-        of each failed request, as time.monotonic() seconds."""
+        of each failed request, as time.monotonic() seconds; `statuses`: each request's
+        status, in the order they were sent."""
         stopped = time.time()
         self.stopping.set()
         self.launcher.join()
         for request in self.requests:
             request.join(timeout=120)
         assert len(self.answered) == len(self.sends), "a request of the load never returned"
-        completed = sum(ok for _, _, ok in self.answered)
+        completed = sum(status == 200 for _, _, status in self.answered)
         return {
             "sent": len(self.sends),
             "completed": completed,
             "failed": len(self.sends) - completed,
             "windows": [(self.sends[0], stopped)],
-            "failures": [(sent, answered) for sent, answered, ok in self.answered if not ok],
+            "failures": [
+                (sent, answered) for sent, answered, status in self.answered if status != 200
+            ],
+            "statuses": [status for _, _, status in sorted(self.answered)],
         }
 
 
@@ -440,3 +455,55 @@ def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(
     assert not late, (
         f"failed requests sent after {SN_HOST} was marked down (s after the kill): {late}"
     )
+
+
+@pytest.fixture(scope="module")
+def rotated(fleet, gated_canary) -> tuple[PlaybookRun, dict, dict, dict, str]:
+    """The client key rotated with rollout.yml: a new key, the lab's as the previous one.
+    The load sends the previous key throughout; a second client sends the new one from
+    before the rollout starts."""
+    new = fleet.work / "new-api-key"
+    new.write_text(secrets.token_hex(24) + "\n")
+    new.chmod(0o600)
+    before = {host: fleet.footprint(host)["started"] for host in SERVING}
+    doors = {host: fleet.main_pid(host, unit) for host, unit in DOOR_UNITS.items()}
+    switched = Load(fleet, new.read_text().strip(), rate=2)
+    try:
+        done, seconds, load = rollout_under_load(
+            fleet,
+            "client key rotation",
+            *("-e", f"vllm_service_api_key_file={new}"),
+            *("-e", f"vllm_service_api_key_previous_file={api_key_path()}"),
+        )
+    finally:
+        early = switched.finish()
+    return done, load, early, {"started": before, "doors": doors}, new.read_text().strip()
+
+
+def test_a_key_rotation_under_load_reloads_the_doors_and_loses_no_request(fleet, rotated):
+    done, load, early, before, new = rotated
+    assert done.returncode == 0, done.output[-3000:]
+    assert load["sent"] > 0 and load["failed"] == 0, load
+    # Nothing restarted: every instance and door runs since before (the doors reloaded).
+    for host in SERVING:
+        assert fleet.footprint(host)["started"] == before["started"][host], host
+    assert {host: fleet.main_pid(host, unit) for host, unit in DOOR_UNITS.items()} == before[
+        "doors"
+    ]
+    # The new key's client: refused by the fleet door until every host took the key, then
+    # served; never refused again once served (a host refusing what the fleet door passes).
+    statuses = early["statuses"]
+    assert set(statuses) <= {200, 401} and statuses[-1] == 200, statuses
+    first = statuses.index(200)
+    assert statuses[first:] == [200] * (len(statuses) - first), statuses
+    print(
+        f"\nnew-key client: {first} refused by the fleet door, then {len(statuses) - first} served"
+    )
+    # Both keys pass every door now (the hosts' and the fleet's, all on port 8000), another
+    # does not.
+    old = api_key_path().read_text().strip()
+    for host in DOOR_UNITS:
+        address = fleet.machines[host].address
+        for key in (new, old):
+            assert frontdoor.completion_tokens(address, FLEET_PORT, key) > 0, host
+        assert frontdoor.call(address, FLEET_PORT, "/v1/models", new[:-1])[0] == 401, host

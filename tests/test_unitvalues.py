@@ -264,14 +264,35 @@ KEY = "s3cret-" + "k" * 25
             {"vllm_service_api_key": KEY, "vllm_service_hf_token": "hf token"},
             "vllm_service_hf_token",
         ),
+        (
+            {"vllm_service_api_key": KEY, "vllm_service_api_key_previous": KEY[:-1] + "\n"},
+            "vllm_service_api_key_previous: is shorter than 16",
+        ),
+        (
+            {"vllm_service_listen_address": "127.0.0.1", "vllm_service_api_key_previous": KEY},
+            "vllm_service_api_key_previous: is set but vllm_service_api_key is empty",
+        ),
     ],
-    ids=["wildcard", "public-ip", "short", "quote-newline", "hf-token-space"],
+    ids=[
+        "wildcard",
+        "public-ip",
+        "short",
+        "quote-newline",
+        "hf-token-space",
+        "previous-newline",
+        "previous-alone",
+    ],  # fmt: skip
 )
 def test_a_public_front_door_needs_a_well_formed_key_and_errors_never_show_it(values, problem):
     errors = secret_errors({"vllm_service_listen_address": "0.0.0.0"} | values)
     assert len(errors) == 1 and errors[0].startswith(problem), errors
-    for secret in (values.get("vllm_service_api_key"), values.get("vllm_service_hf_token")):
-        assert not secret or secret not in errors[0]
+    for variable in (
+        "vllm_service_api_key",
+        "vllm_service_api_key_previous",
+        "vllm_service_hf_token",
+    ):
+        secret = values.get(variable)
+        assert not secret or secret.strip() not in errors[0]
 
 
 def test_a_key_or_loopback_or_anonymous_on_purpose_is_accepted():

@@ -131,8 +131,11 @@ def wait_completions(
     timeout: float,
     post: Callable[[str, str, str], dict] = complete,
     interval: float = 5.0,
+    keys: dict[str, str] | None = None,
 ) -> dict:
-    """Ask each of `urls` for a completion until it gives one, or `timeout` passes. Returns
+    """Ask each of `urls` for a completion until it gives one, or `timeout` passes, with
+    `api_key`, or the URL's own key in `keys` (an instance behind a door takes the host's
+    backend credential, not a client's key). Returns
     {"results": [{"url", "status", "msg", "json", "seconds"}] in the order of `urls` (each
     URL's first completion, or its last answer), "problems": ["URL: HTTP status msg"] of those
     that gave none, "seconds": how long it all took}."""
@@ -142,7 +145,7 @@ def wait_completions(
         for url in urls:
             if url in answers and completed(answers[url]):
                 continue
-            answer = post(url, model, api_key)
+            answer = post(url, model, (keys or {}).get(url, api_key))
             answers[url] = {"url": url, **answer, "seconds": round(time.monotonic() - started, 1)}
         waiting = [url for url in urls if not completed(answers[url])]
         if not waiting or time.monotonic() - started > timeout:

@@ -467,13 +467,22 @@ def secret_errors(values: Mapping[str, object]) -> list[str]:
     """What is wrong with the API key and the Hugging Face token, naming the variable but
     never the value; and a public front door without a key that was not asked for."""
     errors = []
-    for variable in ("vllm_service_api_key", "vllm_service_hf_token"):
+    for variable in (
+        "vllm_service_api_key",
+        "vllm_service_api_key_previous",
+        "vllm_service_hf_token",
+    ):
         secret = values.get(variable) or ""
         if secret and not (isinstance(secret, str) and _SECRET.fullmatch(secret)):
             errors.append(
                 f"{variable}: is shorter than 16 characters or holds others than letters, "
                 "digits and . _ ~ + / = -; generate one with `openssl rand -hex 32`"
             )
+    if values.get("vllm_service_api_key_previous") and not values.get("vllm_service_api_key"):
+        errors.append(
+            "vllm_service_api_key_previous: is set but vllm_service_api_key is empty; a "
+            "rotation gives the new key as vllm_service_api_key and the one it replaces here"
+        )
     listen = str(values.get("vllm_service_listen_address", ""))
     try:
         public = not ipaddress.ip_address(listen).is_loopback

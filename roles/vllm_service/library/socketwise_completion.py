@@ -25,6 +25,15 @@ options:
     description: The front door's key; empty for an endpoint without one.
     type: str
     default: ""
+  backend_urls:
+    description: Those of I(urls) that are instances behind a front door, asked with I(backend_key).
+    type: list
+    elements: str
+    default: []
+  backend_key:
+    description: The host's backend credential (vLLM's own key), for I(backend_urls).
+    type: str
+    default: ""
   timeout:
     description: Seconds to keep asking at most.
     type: int
@@ -57,12 +66,17 @@ def main():
             "urls": {"type": "list", "elements": "str", "required": True},
             "model": {"type": "str", "default": ""},
             "api_key": {"type": "str", "default": "", "no_log": True},
+            "backend_urls": {"type": "list", "elements": "str", "default": []},
+            "backend_key": {"type": "str", "default": "", "no_log": True},
             "timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
     )
     params = module.params
-    result = wait_completions(params["urls"], params["model"], params["api_key"], params["timeout"])
+    keys = dict.fromkeys(params["backend_urls"], params["backend_key"])
+    result = wait_completions(
+        params["urls"], params["model"], params["api_key"], params["timeout"], keys=keys
+    )
     module.exit_json(changed=False, **result)
 
 
