@@ -117,6 +117,17 @@ def test_completions_are_asked_for_until_each_endpoint_gives_one():
     assert result["results"][0]["json"]["usage"]["completion_tokens"] == 8
 
 
+def test_an_instance_behind_a_door_is_asked_with_the_backend_credential():
+    keys = {}
+
+    def post(url, model, key):
+        keys[url] = key
+        return answer(200, 8)
+
+    wait_completions(["instance", "door"], "m", "client", 60, post, 0, {"instance": "backend"})
+    assert keys == {"instance": "backend", "door": "client"}
+
+
 def test_an_endpoint_that_never_completes_is_named_with_its_last_answer():
     result = wait_completions(
         ["a"], "m", "", timeout=0, post=lambda *_: {**answer(503), "msg": "Unavailable"}
