@@ -119,6 +119,11 @@ def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
     assert frontdoor.call(BACKEND, METRICS_PORT, "/v1/models", key)[0] == 403
 
 
+def backend_key(machine: lab.Machine) -> str:
+    """The host's backend credential: what an instance takes, in place of a client's key."""
+    return on_host(machine, "cat /etc/socketwise/secrets/backend-key").strip()
+
+
 def assert_listeners_inside(machine: lab.Machine, plan: dict) -> None:
     """Every socket the units' processes listen on (TCP) or bind (UDP) is the front door,
     its metrics listener, or on loopback away from the public address: the instances and
@@ -560,7 +565,7 @@ def test_dp2_instances_answer_behind_the_front_door(machine, artifacts, key):
         "socketwise-vllm-dp1.service",
     ]
     for port in (8001, 8002):
-        assert frontdoor.completion_tokens(BACKEND, port, key) > 0
+        assert frontdoor.completion_tokens(BACKEND, port, backend_key(machine)) > 0
     assert worker_cpus(artifacts) == [[0], [1]]
     assert summary(artifacts)["ports"] == [8001, 8002, 8000, METRICS_PORT]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
@@ -584,7 +589,7 @@ def test_a_release_that_cannot_start_goes_back_to_the_one_that_served(machine, a
     )
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
     for port in (8001, 8002):
-        assert frontdoor.completion_tokens(BACKEND, port, key) > 0
+        assert frontdoor.completion_tokens(BACKEND, port, backend_key(machine)) > 0
 
 
 def test_tp2_runs_one_rank_per_core(machine, artifacts, key):
