@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +29,34 @@ HEAD_UNIT, LB_UNIT = "socketwise-llamacpp.service", "socketwise-cluster-lb.servi
 RPC_UNIT = "socketwise-rpc-node0.service"
 GREEDY = {"model": "tiny-llama", "prompt": "socketwise says hello", "max_tokens": 12,
           "temperature": 0}  # fmt: skip
+# A host outside the cluster: the lab's machines share one network, so a test plays one
+# by binding its socket to an address no member has.
+STRANGER = "127.0.0.250"
+
+
+def knock(address: str, port: int, source: str) -> str:
+    """ "connected", or the error's name, for a TCP connection to ADDRESS:PORT made from
+    SOURCE, then closed."""
+    with socket.socket() as probe:
+        probe.bind((source, 0))
+        probe.settimeout(3)
+        try:
+            probe.connect((address, port))
+        except OSError as error:
+            return type(error).__name__
+        return "connected"
+
+
+def table(host: str) -> str:
+    """The nftables table the cluster role names for HOST."""
+    return f"socketwise_cluster_{host}"
+
+
+def controller_tables() -> list[str]:
+    """The cluster tables in the network namespace the lab's machines share."""
+    listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True)
+    lines = listed.stdout.splitlines()
+    return [line.split()[-1] for line in lines if "socketwise_cluster_" in line]
 
 
 @dataclass
@@ -60,9 +91,9 @@ class Cluster:
             *extra, env={"SOCKETWISE_ARTIFACTS": str(self.work / "artifacts")},
         )  # fmt: skip
 
-    def deployed(self, members: list[str]) -> PlaybookRun:
+    def deployed(self, members: list[str], *extra: str) -> PlaybookRun:
         """deploy.yml on MEMBERS, which must succeed."""
-        done = self.deploy(members)
+        done = self.deploy(members, *extra)
         assert done.returncode == 0, done.output[-4000:]
         return done
 
@@ -71,6 +102,15 @@ class Cluster:
 
     def summary(self) -> dict:
         return json.loads((self.work / "artifacts" / HEAD / "cluster-summary.json").read_text())
+
+    def listening(self, host: str, pids: set[str]) -> list[tuple[str, int]]:
+        """(address, port) of every TCP socket that one of the processes PIDS listens on."""
+        found = []
+        for line in self.on(host, "ss -Htlnp").splitlines():
+            if set(re.findall(r"pid=(\d+)", line)) & pids:
+                address, port = line.split()[3].rsplit(":", 1)
+                found.append((address.strip("[]").removeprefix("::ffff:"), int(port)))
+        return sorted(found)
 
     def address(self, host: str) -> str:
         return self.machines[host].address
@@ -121,8 +161,12 @@ class Cluster:
 
 @contextmanager
 def lab_cluster(tmp_path_factory, preinstalled: bool = False, **options) -> Iterator[Cluster]:
-    """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars)."""
-    with named_lab(LAB), fresh_lab(machines=3, preinstalled=preinstalled) as machines:
+    """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars), booted with
+    CAP_NET_ADMIN for the cluster's nftables tables."""
+    with (
+        named_lab(LAB),
+        fresh_lab(machines=3, preinstalled=preinstalled, net_admin=True) as machines,
+    ):
         yield Cluster(
             {m.name: m for m in machines},
             tmp_path_factory.mktemp("cluster"),

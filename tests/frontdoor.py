@@ -44,6 +44,17 @@ REFUSED_PATHS = [
 COMPLETION = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6}
 
 
+def self_signed(directory: Path, name: str, prefix: str = "tls") -> tuple[Path, Path]:
+    """(certificate, key) of a new self-signed pair for NAME, as PEM files in DIRECTORY."""
+    cert, key = directory / f"{prefix}.crt", directory / f"{prefix}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
 def call(
     address: str,
     port: int,

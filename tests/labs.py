@@ -52,16 +52,23 @@ def installed_dir() -> Path:
 
 @contextlib.contextmanager
 def fresh_lab(
-    machines: int = 1, loadgen: int = 0, frontdoor: int = 0, preinstalled: bool = False
+    machines: int = 1,
+    loadgen: int = 0,
+    frontdoor: int = 0,
+    preinstalled: bool = False,
+    net_admin: bool = False,
 ) -> Iterator[list[lab.Machine]]:
     """Machines copied anew from the rootfs (nothing left from an earlier test); with
-    PREINSTALLED, every machine but the front doors holds the kept venvs and wheelhouses."""
+    PREINSTALLED, every machine but the front doors holds the kept venvs and wheelhouses;
+    with NET_ADMIN, they may load nftables tables (lab up --net-admin)."""
     if any(m.running for m in lab.status()):
         pytest.fail("a lab is already running: `socketwise lab down` first")
     lab.down(purge=True)
     booted: list[lab.Machine] = []
     try:
-        booted = lab.up(machines=machines, loadgen=loadgen, frontdoor=frontdoor)
+        booted = lab.up(
+            machines=machines, loadgen=loadgen, frontdoor=frontdoor, net_admin=net_admin
+        )
         if preinstalled:
             serving = booted[: len(booted) - loadgen - frontdoor]
             for machine in serving:

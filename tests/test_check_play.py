@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import yaml
 
 from socketwise.common.typed import declared_types
 
+from . import frontdoor
 from .playbooks import PlaybookRun, run_playbook
 
 REPO = Path(__file__).resolve().parent.parent
@@ -167,14 +167,8 @@ def test_a_build_class_the_cpu_cannot_run_stops_before_anything_is_built(invento
 
 
 def test_a_certificate_and_key_that_do_not_belong_together_are_refused(inventory, tmp_path):
-    for name in ("one", "two"):
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-subj", "/CN=edge-01", "-keyout", str(tmp_path / f"{name}.key"),
-             "-out", str(tmp_path / f"{name}.crt")],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    cert, key = tmp_path / "one.crt", tmp_path / "two.key"
+    cert, _ = frontdoor.self_signed(tmp_path, "edge-01", "one")
+    _, key = frontdoor.self_signed(tmp_path, "edge-01", "two")
     run = check(inventory, {"vllm_service_tls_cert": str(cert), "vllm_service_tls_key": str(key)})
     assert refusal(run).startswith(
         f"{HOST}: vllm_service_tls_cert={cert}, vllm_service_tls_key={key}: the pair cannot "

@@ -250,17 +250,32 @@ def test_the_role_finds_members_head_first_their_endpoints_and_each_hosts_server
     assert refused["plan"] is None and refused["field"] == "layers"
 
 
+def test_the_pipeline_s_connections_are_read_as_peer_addresses():
+    peers = _filters()["socketwise_cluster_peers"]
+    lines = [
+        "0      0          10.0.0.2:50052       10.0.0.1:41234",
+        "0      0   [::ffff:10.0.0.2]:29501 [::ffff:10.0.0.9]:50000",
+        "0      0     [fd00::2]:29501       [fe80::1%eth1]:40000",
+        "",
+    ]
+    assert peers(lines) == ["10.0.0.1", "10.0.0.9", "fe80::1"]
+
+
 def test_a_cluster_is_written_only_with_safe_names_and_a_private_address():
     good = {"socketwise_cluster": "rack-7", "vllm_served_name": "tiny-llama",
             "vllm_home": "/opt/socketwise", "cluster_address": "10.1.2.3"}  # fmt: skip
     assert cluster_value_errors(good) == []
     assert cluster_value_errors(good | {"cluster_address": "127.1.0.12"}) == []
+    assert cluster_value_errors(good | {"cluster_peer_sources": ["127.0.0.1", "fd00::5"]}) == []
     for change, words in [
         ({"socketwise_cluster": "a\nExecStartPre=/bin/sh"}, "socketwise_cluster="),
         ({"vllm_served_name": "x' y"}, "vllm_served_model_name="),
         ({"cluster_address": "0.0.0.0"}, "cluster_address='0.0.0.0': is not allowed here"),
         ({"cluster_address": "8.8.8.8"}, "private network"),
         ({"cluster_address": "lab2"}, "is not an IP address"),
+        ({"cluster_peer_sources": ["10.0.0.0/24"]}, "cluster_peer_sources='10.0.0.0/24': is not"),
+        ({"cluster_peer_sources": ["0.0.0.0"]}, "cluster_peer_sources='0.0.0.0': is not"),
+        ({"cluster_peer_sources": "8.8.8.8"}, "cluster_peer_sources='8.8.8.8': is not"),
     ]:
         (error,) = cluster_value_errors(good | change)
         assert words in error

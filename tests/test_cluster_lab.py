@@ -28,8 +28,12 @@ from .clusters import (
     PORT,
     RPC_PORT,
     RPC_UNIT,
+    STRANGER,
     Cluster,
+    controller_tables,
+    knock,
     lab_cluster,
+    table,
 )
 from .playbooks import BIN, REPO, PlaybookRun
 
@@ -150,6 +154,21 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
 
 
+def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
+    # Each member loads a table of its own into the one network the lab's machines share.
+    for host in ("cluster1", "cluster2"):
+        assert f"table inet {table(host)}" in cluster.on(host, "nft list tables"), host
+    worker, head = cluster.cluster_address("cluster2"), cluster.cluster_address(HEAD)
+    rpc = {cluster.on("cluster2", f"systemctl show -p MainPID --value {RPC_UNIT}")}
+    assert cluster.listening("cluster2", rpc) == [(worker, RPC_PORT)]
+    server = {cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}")}
+    assert cluster.listening(HEAD, server) == [(head, API_PORT)]
+    # The RPC server, which has no authentication, resets a host outside the cluster; a
+    # member still connects (the head holds its connection: the completions pass).
+    assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError"
+    assert knock(worker, RPC_PORT, head) == "connected"
+
+
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
     started = cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}")
     done = cluster.deploy(["cluster1", "cluster2"])
@@ -260,9 +279,33 @@ def test_a_sweep_over_one_two_and_three_hosts_reports_prefill_and_decode(
     print(decided["summary"])
 
 
+def test_the_head_s_front_door_serves_tls_from_the_inventory_pair(
+    cluster: Cluster, two_hosts, tmp_path
+):
+    address = cluster.address(HEAD)
+    cert, key = frontdoor.self_signed(tmp_path, address)
+    serving = cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}")
+    cluster.deployed(
+        ["cluster1", "cluster2", "cluster3"],
+        *("-e", f"vllm_service_tls_cert={cert}", "-e", f"vllm_service_tls_key={key}"),
+    )
+    # Only the front door restarted: llama-server kept serving, the same process.
+    assert cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}") == serving
+    # The single host's door's rules, over TLS: the key, the routes, no plain HTTP.
+    assert frontdoor.completion_tokens(address, PORT, cluster.key, tls=True) > 0
+    assert frontdoor.call(address, PORT, "/v1/models", tls=True)[0] == 401
+    assert frontdoor.call(address, PORT, "/slots", cluster.key, tls=True)[0] == 403
+    assert frontdoor.call(address, PORT, "/metrics", cluster.key, tls=True)[0] == 403
+    with pytest.raises(OSError):
+        frontdoor.call(address, PORT, "/health")
+    assert cluster.on(HEAD, "stat -c '%a %U' /etc/socketwise/cluster/frontdoor.pem") == "600 root"
+
+
 def test_removing_the_cluster_stops_and_removes_every_server(cluster: Cluster, two_hosts):
     members = ["cluster1", "cluster2", "cluster3"]
     cluster.removed(members)
     for host in members:
         assert cluster.on(host, "ls /etc/socketwise 2>/dev/null || true") == ""
     assert not frontdoor.answers(cluster.cluster_address("cluster2"), RPC_PORT)
+    # Each member's filter went with its units.
+    assert [t for t in controller_tables() if t in map(table, members)] == []

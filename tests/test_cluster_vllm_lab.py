@@ -23,7 +23,18 @@ from socketwise.measure import hostcount
 from socketwise.measure.sweep import Profile
 
 from . import frontdoor
-from .clusters import API_PORT, GREEDY, HEAD, PORT, Cluster, lab_cluster
+from .clusters import (
+    API_PORT,
+    GREEDY,
+    HEAD,
+    PORT,
+    STRANGER,
+    Cluster,
+    controller_tables,
+    knock,
+    lab_cluster,
+    table,
+)
 from .playbooks import PlaybookRun
 
 pytestmark = pytest.mark.lab
@@ -90,6 +101,11 @@ def test_two_hosts_serve_one_model_through_the_front_door(cluster: Cluster, two_
     # The follower holds its link to the head's rendezvous.
     rendezvous = f"{cluster.cluster_address(HEAD)}:{MASTER_PORT}"
     assert summary["connections"][f"cluster2 -> {rendezvous}"]
+    # The rendezvous's own end: every connection it holds comes from a member (in the lab
+    # through 127.0.0.1, the shared network's source address), which the deploy checked.
+    held = summary["connections"][f"{rendezvous} (the rendezvous)"]
+    members = {"127.0.0.1"} | {cluster.cluster_address(h) for h in ("cluster1", "cluster2")}
+    assert held and {line.split()[-1].rsplit(":", 1)[0] for line in held} <= members, held
     argv = {h: summary["hosts"][h][0]["argv"] for h in ("cluster1", "cluster2")}
     assert "--headless" not in argv["cluster1"] and "--headless" in argv["cluster2"]
     assert argv["cluster2"][argv["cluster2"].index("--node-rank") + 1] == "1"
@@ -134,6 +150,25 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
 
 
+def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
+    for host in ("cluster1", "cluster2"):
+        # A table of the host's own in the one network the lab's machines share.
+        assert f"table inet {table(host)}" in cluster.on(host, "nft list tables"), host
+        # Every socket a stage listens on but the head's API: the rendezvous, vLLM's
+        # queues and gloo, on ports vLLM and gloo take from the kernel. Each is on the
+        # host's cluster address and resets a host outside the cluster.
+        address = cluster.cluster_address(host)
+        engine = cluster.listening(host, set(stage_pids(cluster, host)))
+        engine = [(a, port) for a, port in engine if port != API_PORT]
+        assert engine, host
+        assert {a for a, _ in engine} == {address}, (host, engine)
+        refused = {port: knock(address, port, STRANGER) for _, port in engine}
+        assert set(refused.values()) == {"ConnectionRefusedError"}, (host, refused)
+    # A member still reaches the rendezvous (and the stages, their gloo: completions pass).
+    head = cluster.cluster_address(HEAD)
+    assert knock(head, MASTER_PORT, cluster.cluster_address("cluster2")) == "connected"
+
+
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
     started = {h: show(cluster, h, "ExecMainPID") for h in ("cluster1", "cluster2")}
     done = cluster.deploy(["cluster1", "cluster2"])
@@ -150,7 +185,8 @@ def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
         ("cluster1", 2), ("cluster2", 1), ("cluster3", 1)
     ]  # fmt: skip
     assert "VLLM_PP_LAYER_PARTITION=2,1,1" in show(cluster, "cluster3", "Environment")
-    assert all(summary["connections"].values()) and len(summary["connections"]) == 2
+    # Each follower's link and the rendezvous's end.
+    assert all(summary["connections"].values()) and len(summary["connections"]) == 3
     status, on_three = cluster.completion()
     assert status == 200, on_three
     # The same weights split another way: the greedy answer does not change (float32).
@@ -209,3 +245,8 @@ def test_removing_the_cluster_stops_and_removes_every_stage(cluster: Cluster, tw
         assert cluster.on(host, "pgrep -c -f '[V]LLM::|[s]ocketwise-vllm-rank' || true") == "0"
     listening = cluster.on(HEAD, f"ss -Htln '( sport = :{MASTER_PORT} )'")
     assert listening == ""
+    # Each member's filter went with its units, its rules and the stage's hosts file with
+    # the cluster's directory.
+    assert [t for t in controller_tables() if t in map(table, members)] == []
+    for host in members:
+        assert cluster.on(host, "ls /etc/socketwise/cluster 2>/dev/null || true") == "", host

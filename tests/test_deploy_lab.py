@@ -182,6 +182,13 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
 # test_check_play's, on a host planned from a topology file.
 REFUSALS = [
     (
+        # A lab machine has no CAP_NET_ADMIN (unless booted with --net-admin) and cgroup v1.
+        "cluster-unfiltered",
+        ["-e", "socketwise_cluster=a", "-e", f"socketwise_cluster_head={HOST}"],
+        f"{HOST}: socketwise_cluster=a: this host cannot keep the cluster's engine ports to its "
+        "members: root has no CAP_NET_ADMIN",
+    ),
+    (
         "tp-too-wide",
         ["-e", "plan_layout=tp", "-e", "plan_ranks=3"],
         f"{HOST}: plan_ranks=3: TP with 3 ranks does not fit 1 NUMA node(s)",
@@ -528,18 +535,13 @@ def test_a_converged_host_reports_no_change_again_or_in_check_mode(machine, arti
 def test_tls_on_the_front_door_from_a_certificate_in_the_inventory(
     machine, artifacts, key, tmp_path
 ):
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", f"/CN={ADDRESS}", "-keyout", str(tmp_path / "tls.key"),
-         "-out", str(tmp_path / "tls.crt")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    cert, key = frontdoor.self_signed(tmp_path, ADDRESS)
     serving = on_host(machine, "systemctl show -p MainPID --value socketwise-vllm-sn.service")
     run = deploy(
         artifacts,
         "-e", "plan_layout=sn",
-        "-e", f"vllm_service_tls_cert={tmp_path / 'tls.crt'}",
-        "-e", f"vllm_service_tls_key={tmp_path / 'tls.key'}",
+        "-e", f"vllm_service_tls_cert={cert}",
+        "-e", f"vllm_service_tls_key={key}",
     )  # fmt: skip
     assert run.returncode == 0, run.output[-4000:]
     # Only the front door restarted: the instance kept serving, the same process.

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,13 @@ ROLES = REPO / "roles"
 MOST_EXPOSED = 4.0
 # The cluster's members and their private addresses.
 MEMBERS = {"head": "10.0.0.1", "follower": "10.0.0.2"}
+EPHEMERAL = (32768, 60999)
+# The cluster's filter of engine ports and the unit that loads it, with its fixed cap.
+FIREWALL = [
+    ("cluster-firewall.nft.j2", "firewall.nft"),
+    ("socketwise-cluster-firewall.service.j2", "socketwise-cluster-firewall.service"),
+]
+FIREWALL_CAP = ("256M", "16")
 # llama.cpp's cluster model, as socketwise.build.ggufmodel.info reports a GGUF: 32 layers
 # of 8 KV heads of 128, f16 keys and values.
 GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
@@ -106,7 +115,8 @@ def logical_cpus(topology: dict) -> int:
 @dataclass
 class Rendered:
     units: dict[str, Path]
-    expected: dict[str, Limits | None]  # None: a front door's fixed cap
+    expected: dict[str, Limits | tuple[str, str] | None]  # None: a front door's fixed cap
+    directory: Path
 
 
 def _task_vars(tasks_file: str, name: str) -> dict:
@@ -166,6 +176,10 @@ def rendered(tmp_path_factory) -> Rendered:
         "__cluster_home": "/opt/socketwise",
         "__cluster_build": {"id": "fedcba987654"},
         "__cluster_model_info": GGUF | {"kv_bytes_per_token": GGUF_KV_BYTES_PER_TOKEN},
+        # What check.yml read on the members: root may load nftables, and the kernel's
+        # ephemeral port range.
+        "__cluster_nftables": True,
+        "__cluster_ephemeral": list(EPHEMERAL),
     }
     (directory / "values.json").write_text(json.dumps(values))
     addresses = {name: {"socketwise_cluster_address": a} for name, a in MEMBERS.items()}
@@ -176,7 +190,7 @@ def rendered(tmp_path_factory) -> Rendered:
     inventory = {"all": {"hosts": {"single": {}} | addresses, "vars": local}}
     (directory / "inventory.yml").write_text(json.dumps(inventory))
 
-    expected: dict[str, Limits | None] = {}
+    expected: dict[str, Limits | tuple[str, str] | None] = {}
     tasks = []
     # (prefix, plan, extra vars, the CPUs its processes may use, or None: the plan's)
     image = {"vllm_install_method": "image"}
@@ -211,6 +225,9 @@ def rendered(tmp_path_factory) -> Rendered:
     for host in MEMBERS:
         name = f"{host}-socketwise-pp-vllm.service"
         tasks.append(_task(name, "vllm-pp.service.j2", host, {"socketwise_cluster_plan": pp}))
+        for template, dest in FIREWALL:
+            tasks.append(_task(f"{host}-{dest}", template, host, {"socketwise_cluster_plan": pp}))
+        expected[f"{host}-{FIREWALL[1][1]}"] = FIREWALL_CAP
         entry = next(e for e in pp["hosts"] if e["host"] == host)
         stage = entry["stage"]
         weights = entry["weights_gb"] / len(stage["ranks"])
@@ -268,7 +285,7 @@ def rendered(tmp_path_factory) -> Rendered:
     assert run.returncode == 0, run.output[-4000:]
     units = {path.name: path for path in sorted(directory.glob("*.service"))}
     assert sorted(units) == sorted(expected)
-    return Rendered(units, expected)
+    return Rendered(units, expected, directory)
 
 
 def exposure(unit: Path) -> float:
@@ -297,10 +314,15 @@ def test_every_unit_scores_at_most_4_in_systemds_sandbox_review(rendered):
     assert {name: s for name, s in scores.items() if s > MOST_EXPOSED} == {}
 
 
-def test_every_unit_passes_systemd_analyze_verify(rendered):
+def test_every_unit_passes_systemd_analyze_verify(rendered, tmp_path):
+    # A cluster's servers require the filter's unit: systemd finds it where a deploy puts
+    # it first, here a directory of its own before systemd's.
+    firewall = FIREWALL[1][1]
+    (tmp_path / firewall).write_bytes(rendered.units[f"head-{firewall}"].read_bytes())
+    env = os.environ | {"SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
     for name, unit in rendered.units.items():
         done = subprocess.run(
-            ["systemd-analyze", "verify", f"{unit}:{name}"], capture_output=True, text=True
+            ["systemd-analyze", "verify", f"{unit}:{name}"], capture_output=True, text=True, env=env
         )
         # The installs (venv, llama.cpp build) are not on this machine; nothing else may be
         # wrong.
@@ -321,6 +343,8 @@ def test_every_unit_is_limited_as_its_plan_says(rendered):
         if rule is None:
             # HAProxy holds no model: a fixed cap.
             assert (memory, tasks) == ("2G", "512"), name
+        elif isinstance(rule, tuple):
+            assert (memory, tasks) == rule, name
         else:
             assert (memory, tasks) == (f"{rule.memory_gib}G", str(rule.tasks)), name
 
@@ -343,3 +367,69 @@ def test_the_image_methods_container_gets_the_same_limits(rendered):
         assert own_cgroup is ("--cgroups=disabled" not in text), name
         # Podman's storage and run state stay writable, the rest of the system does not.
         assert "ProtectSystem=strict" in text and "ReadWritePaths=/var/lib/containers /run" in text
+
+
+# A member's engine ports as the test's new network namespace serves them: the head's
+# rendezvous, a port from the ephemeral range (gloo's, vLLM's queues), and one the filter
+# leaves to the host (the front door's).
+SERVE_AND_KNOCK = r"""
+import json, socket, sys
+head, follower, stranger, ports = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+listeners = []
+for port in ports:
+    listener = socket.socket()
+    listener.bind((head, int(port)))
+    listener.listen()
+    listeners.append(listener)
+seen = {}
+for source in (follower, head, stranger):
+    for port in ports:
+        knock = socket.socket()
+        knock.bind((source, 0))
+        knock.settimeout(2)
+        try:
+            knock.connect((head, int(port)))
+            seen[f"{source} {port}"] = "connected"
+        except OSError as error:
+            seen[f"{source} {port}"] = type(error).__name__
+        knock.close()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None,
+                    reason="needs nft and unshare")  # fmt: skip
+def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
+    """The head's rendered nftables file, loaded as its unit loads it, in a network
+    namespace of the test's own holding the members' addresses and a stranger's: a new
+    connection to an engine port from a member connects, from the stranger it is reset;
+    the host's other ports stay as they were. Loading it again keeps one table, and the
+    unit's stop removes it."""
+    rules = rendered.directory / "head-firewall.nft"
+    unit = rendered.units["head-socketwise-cluster-firewall.service"].read_text()
+    stop = re.search(r"^ExecStop=(.*)$", unit, re.MULTILINE).group(1)
+    stranger = "10.0.0.99"
+    ports = ["29501", str(EPHEMERAL[0] + 1234), "8000"]
+    script = f"""
+set -e
+ip link set lo up
+for a in {MEMBERS["head"]} {MEMBERS["follower"]} {stranger}; do ip addr add $a/32 dev lo; done
+nft -f {rules}
+nft -f {rules}
+echo "tables: $(nft list tables | grep -c socketwise_cluster_head)"
+{sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), stranger, *ports])}
+{stop}
+echo "after stop: $(nft list tables | grep -c socketwise_cluster_head || true)"
+"""
+    done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "tables: 1"
+    seen = json.loads(lines[1])
+    for port in ports:
+        assert seen[f"{MEMBERS['follower']} {port}"] == "connected", seen
+        assert seen[f"{MEMBERS['head']} {port}"] == "connected", seen
+    assert seen[f"{stranger} 29501"] == "ConnectionRefusedError", seen
+    assert seen[f"{stranger} {ports[1]}"] == "ConnectionRefusedError", seen
+    assert seen[f"{stranger} 8000"] == "connected", seen
+    assert lines[2] == "after stop: 0"

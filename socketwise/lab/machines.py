@@ -61,12 +61,15 @@ from socketwise.lab.common import (
 )
 from socketwise.lab.nspawn import (
     KILL_TIMEOUT_S,
+    NET_ADMIN_ARG,
     PROC_WRITABLE_ENV,
     container_inits,
     enter_cgroups,
     machine_cgroups,
+    net_admin_granted,
     nspawn_processes,
     proc_is_writable,
+    remove_cluster_tables,
     remove_lab_cgroups,
     remove_nspawn_leftovers,
     remove_tree,
@@ -101,6 +104,8 @@ class Machine:
     running: bool = False
     # None when not running: the mode is chosen at boot, not stored in the copy.
     proc_writable: bool | None = None
+    # Booted with CAP_NET_ADMIN (nftables); None when not running.
+    net_admin: bool | None = None
     # What `systemctl is-system-running` answered when `up` saw it ready.
     system_state: str | None = None
 
@@ -230,13 +235,16 @@ def _check_port_free(machine: Machine) -> None:
             ) from None
 
 
-def _boot(machine: Machine, proc_writable: bool) -> None:
+def _boot(machine: Machine, proc_writable: bool, net_admin: bool) -> None:
     env = dict(os.environ)
     env.pop(PROC_WRITABLE_ENV, None)
     if proc_writable:
         env[PROC_WRITABLE_ENV] = "1"
     # The lab needs no machined; where PID 1 is not systemd there is none to register with.
     argv = ["systemd-nspawn", "--register=no"]
+    if net_admin:
+        # nftables for the cluster role; the rules land in the controller's own namespace.
+        argv.append(NET_ADMIN_ARG)
     preexec = None
     # Where PID 1 is systemd, nspawn asks it for a scope of its own per machine.
     if not systemd_is_pid1():
@@ -267,6 +275,7 @@ def _boot(machine: Machine, proc_writable: bool) -> None:
     machine.pid = child.pid
     machine.running = True
     machine.proc_writable = proc_writable
+    machine.net_admin = net_admin
 
 
 def ssh_command(machine: Machine, command: str) -> list[str]:
@@ -412,6 +421,7 @@ def status() -> list[Machine]:
         machine.running = name in nspawns or name in inits
         if machine.pid is not None:
             machine.proc_writable = proc_is_writable(machine.pid)
+            machine.net_admin = net_admin_granted(machine.pid)
             recorded = state.get(name, {})
             system_state = recorded.get("system_state")
             if recorded.get("pid") == machine.pid and isinstance(system_state, str):
@@ -426,14 +436,16 @@ def up(
     inventory_dir: Path | None = None,
     loadgen: int = 0,
     frontdoor: int = 0,
+    net_admin: bool = False,
 ) -> list[Machine]:
     """Make lab1..lab`machines` run, write the inventory, return the running machines.
 
     The last `loadgen` of the running machines go into the group socketwise_loadgen, the
     `frontdoor` before them into socketwise_frontdoor.
 
-    Machines already running are left as they are, including their /proc mode:
-    `readonly_proc` applies to the machines this call boots. Machines beyond `machines`
+    Machines already running are left as they are, including their /proc mode and
+    capabilities: `readonly_proc` and `net_admin` (CAP_NET_ADMIN, which the cluster role's
+    nftables table needs) apply to the machines this call boots. Machines beyond `machines`
     that are running keep running (only `down` stops machines) and stay in the inventory.
     """
     if not 1 <= machines <= MAX_MACHINES:
@@ -462,6 +474,8 @@ def up(
                 say(f"{machine.name} ({machine.address}) already running, /proc/sys {mode}")
                 if machine.proc_writable != (not readonly_proc):
                     say(f"{machine.name}: the /proc mode is set at boot; `lab down` to change it")
+                if machine.net_admin != net_admin:
+                    say(f"{machine.name}: CAP_NET_ADMIN is set at boot; `lab down` to change it")
         if to_boot:
             for machine in to_boot:
                 _check_port_free(machine)
@@ -473,7 +487,7 @@ def up(
             # Boot all, then wait for all: the machines come up in parallel.
             started = time.monotonic()
             for machine in to_boot:
-                _boot(machine, proc_writable=not readonly_proc)
+                _boot(machine, proc_writable=not readonly_proc, net_admin=net_admin)
                 current[machine.name] = machine
             try:
                 for machine in to_boot:
@@ -548,6 +562,8 @@ def down(purge: bool = False) -> None:
         for leftover in unmount_under(lab_dir()):
             say(f"unmounted leftover {leftover}")
         remove_nspawn_leftovers()
+        for table in remove_cluster_tables(lab_name()):
+            say(f"removed the nftables table {table}, which a machine left in the shared network")
         remove_lab_cgroups()
         state_path().unlink(missing_ok=True)
         if purge and machines_dir().exists():
@@ -560,7 +576,14 @@ def down(purge: bool = False) -> None:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    up(args.machines, args.readonly_proc, args.inventory, args.loadgen, args.frontdoor)
+    up(
+        args.machines,
+        args.readonly_proc,
+        args.inventory,
+        args.loadgen,
+        args.frontdoor,
+        args.net_admin,
+    )
     return 0
 
 
@@ -619,6 +642,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--readonly-proc",
         action="store_true",
         help="boot with /proc/sys read-only, like a container target",
+    )
+    up_parser.add_argument(
+        "--net-admin",
+        action="store_true",
+        help="boot with CAP_NET_ADMIN, so a cluster deploy can load its nftables table "
+        "(into the controller's network namespace, which the machines share)",
     )
     up_parser.add_argument(
         "--inventory",

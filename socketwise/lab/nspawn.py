@@ -8,6 +8,7 @@ import errno
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -184,6 +185,36 @@ def proc_is_writable(nspawn_pid: int) -> bool | None:
     except OSError:
         return None
     return f"{PROC_WRITABLE_ENV}=1".encode() in environ
+
+
+# What `lab up --net-admin` gives a machine: nftables in the shared network namespace.
+NET_ADMIN_ARG = "--capability=CAP_NET_ADMIN"
+
+
+def net_admin_granted(nspawn_pid: int) -> bool | None:
+    try:
+        argv = Path(f"/proc/{nspawn_pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return NET_ADMIN_ARG.encode() in argv
+
+
+def remove_cluster_tables(lab: str) -> list[str]:
+    """Delete the nftables tables the cluster role named for machines of the lab LAB
+    (`inet socketwise_cluster_<machine>`): the machines share the controller's network
+    namespace, so a table stays in it when a machine dies without stopping its units.
+    Returns the tables deleted."""
+    if shutil.which("nft") is None:
+        return []
+    listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
+    ours = re.compile("socketwise_cluster_" + re.escape(re.sub(r"[^A-Za-z0-9]", "_", lab)) + r"\d+")
+    deleted = []
+    for line in listed.stdout.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[:2] == ["table", "inet"] and ours.fullmatch(words[2]):
+            subprocess.run(["nft", "delete", "table", "inet", words[2]], check=True)
+            deleted.append(words[2])
+    return deleted
 
 
 def remove_nspawn_leftovers() -> None:

@@ -33,13 +33,16 @@ ROOTFS_PACKAGES = (
     "procps",
     "ca-certificates",
     "haproxy",
+    # The cluster role's filter of engine ports (machines booted with --net-admin).
+    "nftables",
     "curl",
     # vLLM's CPU backend compiles its kernels with torch inductor when it starts.
     "g++",
     "python3-dev",
 )
-# Debian packages the controller needs: systemd-nspawn, debootstrap, ssh and ssh-keygen.
-CONTROLLER_PACKAGES = ("systemd-container", "debootstrap", "openssh-client")
+# Debian packages the controller needs: systemd-nspawn, debootstrap, ssh and ssh-keygen,
+# and nft to remove the tables a cluster machine left in the shared network namespace.
+CONTROLLER_PACKAGES = ("systemd-container", "debootstrap", "openssh-client", "nftables")
 HOST_APT_SOURCES = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 # Written into the rootfs when its build completes; every machine copy carries it, so a
 # copy made from an older rootfs is recognisable after the cache was rebuilt.

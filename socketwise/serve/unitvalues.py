@@ -393,8 +393,9 @@ def account_error(user: str, home: str, account: list[str] | None) -> str | None
 
 
 def cluster_value_errors(values: Mapping[str, object]) -> list[str]:
-    """The values a cluster's units and front door are written with (socketwise_cluster,
-    vllm_served_name, vllm_home, cluster_address), as unit_value_errors says them."""
+    """The values a cluster's units, front door and filter are written with
+    (socketwise_cluster, vllm_served_name, vllm_home, cluster_address,
+    cluster_peer_sources), as unit_value_errors says them."""
     errors = []
     name = values.get("socketwise_cluster")
     if not isinstance(name, str) or not _CLUSTER_NAME.fullmatch(name):
@@ -407,6 +408,22 @@ def cluster_value_errors(values: Mapping[str, object]) -> list[str]:
             )
         )
     errors += _paths_and_name(values, ("vllm_home",))
+    sources = values.get("cluster_peer_sources", [])
+    for source in sources if isinstance(sources, list) else [sources]:
+        try:
+            parsed = ipaddress.ip_address(str(source))
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.is_unspecified or not (parsed.is_private or parsed.is_loopback):
+            errors.append(
+                _problem(
+                    "cluster_peer_sources",
+                    source,
+                    "is not a private address",
+                    "list the other addresses members' cluster traffic comes from, such as "
+                    "10.0.0.5, one by one (no networks or wildcards)",
+                )
+            )
     return errors + address_errors({"cluster_address": values.get("cluster_address")})
 
 

@@ -42,6 +42,20 @@ def socketwise_cluster_follower_link(host, master, port):
     return {"host": host, "side": "dport", "port": port, "endpoint": f"{host} -> {master}"}
 
 
+def socketwise_cluster_peers(lines):
+    """The peer addresses of `ss -Htn state established` LINES (local and peer are the last
+    two columns), as the kit lists addresses: no port, brackets, zone or IPv4-mapped
+    prefix."""
+    peers = []
+    for line in lines:
+        words = line.split()
+        if len(words) < 2:
+            continue
+        address = words[-1].rsplit(":", 1)[0].strip("[]").split("%", 1)[0]
+        peers.append(address.removeprefix("::ffff:") if "." in address else address)
+    return peers
+
+
 RPC_UNIT = "socketwise-rpc-node{}.service"
 HEAD_UNIT = "socketwise-llamacpp.service"
 STAGE_UNIT = "socketwise-pp-vllm.service"
@@ -81,6 +95,7 @@ class FilterModule:
     def filters(self):
         return {
             "socketwise_cluster_members": socketwise_cluster_members,
+            "socketwise_cluster_peers": socketwise_cluster_peers,
             "socketwise_cluster_follower_link": socketwise_cluster_follower_link,
             "socketwise_cluster_rpc": socketwise_cluster_rpc,
             "socketwise_cluster_plan": socketwise_cluster_plan,
