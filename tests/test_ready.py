@@ -6,7 +6,13 @@ import threading
 
 import pytest
 
-from socketwise.serve.ready import complete, last_error, wait_completions, wait_ready
+from socketwise.serve.ready import (
+    complete,
+    last_error,
+    restart_running,
+    wait_completions,
+    wait_ready,
+)
 
 UP = {"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0"}
 
@@ -19,6 +25,15 @@ def test_every_instance_answering_is_ready():
     )  # fmt: skip
     assert sorted(result["ready"]) == ["a", "b"]
     assert (result["failed"], result["waiting"]) == ({}, [])
+
+
+def test_a_new_secret_restarts_the_running_instances_only():
+    # A first deploy's instances are not running yet: they are started later, not here.
+    states = {"a": UP, "b": {**UP, "ActiveState": "inactive", "SubState": "dead"}}
+    restarted = []
+    instances = [{"unit": "a", "url": "http://a/health"}, {"unit": "b", "url": "http://b/health"}]
+    running = restart_running(instances, state=states.__getitem__, restart=restarted.append)
+    assert (running, restarted) == ([instances[0]], ["a"])
 
 
 def test_a_unit_that_crashes_while_awaited_stops_the_wait_at_once():

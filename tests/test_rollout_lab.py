@@ -236,7 +236,59 @@ def noop(fleet) -> tuple[PlaybookRun, float, dict, dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def rolled(fleet, noop) -> tuple[PlaybookRun, float, dict, dict]:
+def new_secret(fleet, noop) -> tuple[PlaybookRun, dict, dict[str, float], dict[str, float]]:
+    """deploy.yml with a new Hugging Face token, a secret in every instance's vllm.env,
+    under load. The token then stays in the inventory, so later stages change no secret."""
+    token = f"hf_{secrets.token_hex(16)}"
+    # What an earlier version left on the fleet door: the client key in frontdoor.env.
+    stale = "/etc/socketwise/secrets/frontdoor.env"
+    fleet.on(DOOR, f"umask 077; echo SOCKETWISE_API_KEY=an-old-key > {stale}")
+    load = Load(fleet)
+    time.sleep(5)
+    try:
+        done, seconds = fleet.run("deploy.yml", "-e", f"vllm_service_hf_token={token}")
+    finally:
+        result = load.finish()
+    with (fleet.inventory / "group_vars" / "lab.yml").open("a") as group_vars:
+        group_vars.write(f"vllm_service_hf_token: {token}\n")
+    instances = {SN_HOST: [VLLM_UNIT], DP_HOST: [f"socketwise-{r}.service" for r in REPLICAS]}
+    started = {
+        host: min(fleet.started_at(host, unit) for unit in units)
+        for host, units in instances.items()
+    }
+    # When each host's instances served again: vLLM's last "Available routes are:" (its
+    # HTTP server starting, the engine ready) in their journals since the restart.
+    serving = {}
+    for host, units in instances.items():
+        lines = fleet.on(
+            host, f"journalctl -o short-unix --since @{started[host]:.0f} "
+            + " ".join(f"-u {unit}" for unit in units) + " | grep 'Available routes are'"
+        ).splitlines()  # fmt: skip
+        serving[host] = float(lines[-1].split()[0])
+    print(
+        f"\nnew secret on 2 hosts: {seconds:.0f} s; load sent {result['sent']}, failed "
+        f"{result['failed']}; restarted at {started}, serving at {serving}"
+    )
+    return done, result, started, serving
+
+
+def test_a_new_secret_restarts_the_hosts_one_after_another(new_secret):
+    done, load, started, serving = new_secret
+    assert done.returncode == 0, done.output[-3000:]
+    assert load["sent"] > 0
+    # In inventory order: SN_HOST's instance restarted and served again before any of
+    # DP_HOST's replicas stopped, so the fleet door always had a host.
+    assert started[SN_HOST] < serving[SN_HOST] < started[DP_HOST] < serving[DP_HOST], (
+        started, serving
+    )  # fmt: skip
+
+
+def test_the_fleet_door_keeps_no_key_an_earlier_version_left(fleet, new_secret):
+    assert fleet.on(DOOR, "ls /etc/socketwise/secrets") == "client-keys"
+
+
+@pytest.fixture(scope="module")
+def rolled(fleet, noop, new_secret) -> tuple[PlaybookRun, float, dict, dict]:
     """Every host to a new model revision with a changed vLLM argument, under load."""
     revision = fleet.work / "revision-2" / "tiny-llama"
     shutil.copytree(paths.cache_dir() / "models" / "tiny-llama", revision)

@@ -58,6 +58,23 @@ def last_error(journal: str) -> str:
     return (errors or lines or ["(nothing in the journal)"])[-1]
 
 
+def restart_unit(unit: str) -> None:
+    subprocess.run(["systemctl", "restart", unit], check=True, capture_output=True)
+
+
+def restart_running(
+    instances: list[dict],
+    state: Callable[[str], dict[str, str]] = unit_state,
+    restart: Callable[[str], None] = restart_unit,
+) -> list[dict]:
+    """Restart those of `instances` ([{"unit", "url"}]) whose unit is active, and return
+    them: one not running yet is left to be started, with nothing to wait for."""
+    running = [i for i in instances if state(i["unit"]).get("ActiveState") == "active"]
+    for instance in running:
+        restart(instance["unit"])
+    return running
+
+
 def wait_ready(
     instances: list[dict],
     timeout: float,

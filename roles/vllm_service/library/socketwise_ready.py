@@ -10,7 +10,7 @@ description:
     restarts while awaited (it would not come up on its own), with its last journal lines,
     or when I(timeout) passes.
   - Returns the seconds each instance took, from the call (restart-to-ready).
-  - Read-only.
+  - Read-only, unless I(restart) is set.
 options:
   units:
     description: The instances' systemd units.
@@ -26,6 +26,13 @@ options:
     description: Seconds to wait at most.
     type: int
     default: 600
+  restart:
+    description:
+      - Restart the units that are active first, then wait for those only (a unit not
+        running yet is left to be started). With C(throttle: 1), hosts do it one after
+        another, each serving again before the next one's restart.
+    type: bool
+    default: false
 author: socketwise
 """
 
@@ -34,10 +41,19 @@ ready:
   description: Seconds each unit took to answer /health.
   type: dict
   returned: always
+restarted:
+  description: The units restarted (with I(restart)).
+  type: list
+  returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise.serve.ready import journal_tail, last_error, wait_ready
+from ansible.module_utils.socketwise.serve.ready import (
+    journal_tail,
+    last_error,
+    restart_running,
+    wait_ready,
+)
 
 
 def main():
@@ -46,6 +62,7 @@ def main():
             "units": {"type": "list", "elements": "str", "required": True},
             "urls": {"type": "list", "elements": "str", "required": True},
             "timeout": {"type": "int", "default": 600},
+            "restart": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -54,7 +71,14 @@ def main():
         module.fail_json(msg="give one /health URL per unit")
     pairs = zip(params["units"], params["urls"], strict=True)
     instances = [{"unit": unit, "url": url} for unit, url in pairs]
-    result = wait_ready(instances, params["timeout"])
+    restarted = []
+    if params["restart"]:
+        if module.check_mode:
+            running = [i["unit"] for i in restart_running(instances, restart=lambda unit: None)]
+            module.exit_json(changed=bool(running), ready={}, restarted=running)
+        instances = restart_running(instances)
+        restarted = [i["unit"] for i in instances]
+    result = wait_ready(instances, params["timeout"]) | {"restarted": restarted}
     if result["failed"]:
         ((unit, why),) = result["failed"].items()
         journal = journal_tail(unit)
@@ -65,7 +89,7 @@ def main():
             + ", ".join(result["waiting"]),
             **result,
         )
-    module.exit_json(changed=False, **result)
+    module.exit_json(changed=bool(restarted), **result)
 
 
 if __name__ == "__main__":
