@@ -184,15 +184,18 @@ def test_a_certificate_and_key_that_do_not_belong_together_are_refused(inventory
     assert refusal(run).startswith(f"{HOST}: vllm_user='root'")
 
 
-def test_the_fleet_front_door_passes_the_same_checks(inventory):
+def test_the_fleet_front_door_passes_the_same_checks(inventory, tmp_path):
     hosts = yaml.safe_load(inventory.read_text())
     hosts["all"]["children"] = {
         "socketwise_frontdoor": {"hosts": {"lb-01": dict(hosts["all"]["hosts"][HOST])}}
     }
     inventory.write_text(yaml.safe_dump(hosts))
+    ca, _ = frontdoor.self_signed(tmp_path, "fleet CA", "ca")
     for given, words in (
         ("vllm_service_fleet_port=70000", "vllm_service_fleet_port=70000: is not a port"),
         ("vllm_service_api_key=", "vllm_service_api_key: is empty and the front door listens"),
+        # The CA verifies hosts' TLS doors: this host's door serves plain HTTP.
+        (f"vllm_service_fleet_ca_file={ca}", f"vllm_service_fleet_ca_file={ca}: {HOST} serves"),
     ):
         run = check(inventory, given, "--limit=lb-01")
         assert refusal(run).startswith(f"lb-01: {words}"), refusal(run)

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .frontdoor import REFUSED_PATHS
+from .frontdoor import REFUSED_PATHS, self_signed
 from .playbooks import REPO, run_playbook
 
 pytestmark = pytest.mark.skipif(
@@ -170,11 +170,32 @@ def own_listener(directory: Path, name: str, plan: dict, port: int) -> dict:
     }
 
 
+# Fleet doors that verify the hosts' doors: with the CA that signed the host's TLS door's
+# certificate (credentials(): it signed itself), and with another.
+VERIFYING = ("fleet-verified", "fleet-other-ca")
+CAS = ("credentials/crt", "other-ca.crt")
+
+
+def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) -> dict:
+    """Task vars of a fleet door over the host's TLS door, with vllm_service_fleet_ca_file
+    set and its copy (fleet.yml's) at DIRECTORY/CA."""
+    return {
+        "vllm_service_fleet_port": ports[name],
+        "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
+        "__vllm_service_fleet_servers": [
+            {"name": "host1", "address": ADDRESS, "port": ports["host-tls"], "tls": True}
+        ],
+        "vllm_service_fleet_ca_file": "ca.crt",
+        "__vllm_service_fleet_ca": str(directory / ca),
+    }
+
+
 def render(directory: Path, backend_port: int) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    ports = {name: free_port() for name in (*DOORS, "anonymous", "limited", "rotating", "metrics")}
+    others = ("anonymous", "limited", "rotating", "metrics", *VERIFYING)
+    ports = {name: free_port() for name in (*DOORS, *others)}
     plan = {
         "load_balancer": {"port": ports["host"], "balance": "leastconn"},
         "instances": [{"name": INSTANCE, "port": backend_port, "max_connections": 8}],
@@ -250,6 +271,12 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
             }
             | tls,
         ),
+        # Over the host's TLS door, verifying its certificate with the CA given (the
+        # self-signed certificate is its own CA) or with another.
+        **{
+            name: ("fleet-haproxy.cfg.j2", verifying_fleet(directory, name, ports, ca))
+            for name, ca in zip(VERIFYING, CAS, strict=True)
+        },
         "cluster": ("cluster-haproxy.cfg.j2", cluster),
         "cluster-tls": (
             "cluster-haproxy.cfg.j2",
@@ -374,6 +401,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     doors = render(directory, server.server_address[1])
     given = credentials(directory)
+    self_signed(directory, "another CA", "other-ca")
     processes = {}
     try:
         for door in doors.values():
@@ -738,3 +766,13 @@ def test_a_client_past_its_open_connections_gets_429(front):
     while send(front, "limited", "GET", "/health", source=source).status != 200:
         assert time.monotonic() < deadline, "the limit stayed after the connections closed"
         time.sleep(0.2)
+
+
+def test_a_fleet_door_given_the_hosts_ca_passes_only_a_door_it_signed(front):
+    # The host's TLS door's certificate verifies: the completion passes both doors.
+    verified = send(front, "fleet-verified", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert verified.status == 200 and len(verified.reached) == 1, verified
+    # Another CA: the fleet door refuses the host's certificate, and nothing reaches it.
+    other = send(front, "fleet-other-ca", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert (other.status, other.reached) == (503, []), other
+    assert "fleet/host1 is DOWN, reason: Layer6 invalid response" in front.log("fleet-other-ca")

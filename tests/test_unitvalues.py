@@ -18,6 +18,7 @@ from socketwise.serve.limits import instance_limits
 from socketwise.serve.unitvalues import (
     OWNED_FLAGS,
     account_error,
+    fleet_ca_errors,
     listener_clashes,
     quote,
     secret_errors,
@@ -407,3 +408,41 @@ def test_plain_vllm_runs_without_the_plans_placement_but_with_its_kv_size(tmp_pa
     assert _verify_problems(tmp_path, text, "/usr/bin/podman" if container else "/opt/") == []
     placed = render_vllm_unit(__vllm_service_container=container, **image)
     assert "CPUAffinity=0 1" in placed and "Environment=VLLM_CPU_OMP_THREADS_BIND=0,1" in placed
+
+
+def _signed(directory: Path, name: str, ca: str) -> str:
+    """A door's certificate for NAME, signed by the CA DIRECTORY/CA.crt (its key beside)."""
+    key, request, cert = (str(directory / f"{name}.{kind}") for kind in ("key", "csr", "crt"))
+    signer = [str(directory / f"{ca}.{kind}") for kind in ("crt", "key")]
+    for argv in (
+        ["req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", key],
+        ["x509", "-req", "-in", request, "-CA", signer[0], "-CAkey", signer[1], "-days", "2"],
+    ):
+        out = request if argv[0] == "req" else cert
+        subprocess.run(["openssl", *argv, "-out", out], check=True, capture_output=True)
+    return cert
+
+
+def test_a_fleet_ca_must_have_signed_every_host_s_door(tmp_path):
+    from .frontdoor import self_signed
+
+    for ca in ("ca", "other"):
+        self_signed(tmp_path, f"{ca} CA", ca)
+    servers = [
+        {"name": "edge-01", "tls": True, "cert": _signed(tmp_path, "edge-01", "ca")},
+        {"name": "edge-02", "tls": True, "cert": _signed(tmp_path, "edge-02", "ca")},
+    ]
+    ca = str(tmp_path / "ca.crt")
+    assert fleet_ca_errors(ca, servers) == []
+    stranger = {"name": "edge-03", "tls": True, "cert": _signed(tmp_path, "edge-03", "other")}
+    (error,) = fleet_ca_errors(ca, [*servers, stranger])
+    assert error.startswith(
+        f"vllm_service_fleet_ca_file={ca}: edge-03's vllm_service_tls_cert={stranger['cert']} "
+        "does not verify with it ("
+    ), error
+    (error,) = fleet_ca_errors(ca, [{"name": "edge-04", "tls": False, "cert": ""}])
+    assert "edge-04 serves plain HTTP" in error
+    (error,) = fleet_ca_errors(str(tmp_path / "edge-01.key"), servers)
+    assert "not a PEM CA certificate" in error
+    (error,) = fleet_ca_errors(str(tmp_path / "missing.crt"), servers)
+    assert "not a PEM CA certificate" in error

@@ -14,6 +14,7 @@ import ipaddress
 import os.path
 import re
 import ssl
+import subprocess
 from collections.abc import Mapping
 
 from ..plan.planner import MAX_PORT
@@ -363,6 +364,39 @@ def tls_error(cert: str, key: str) -> str | None:
             f"TLS ({reason}); give a PEM certificate and its unencrypted private key"
         )
     return None
+
+
+def fleet_ca_errors(ca: str, servers: list[dict]) -> list[str]:
+    """Why the fleet door could not verify every host's door with the CA certificate CA
+    (a file on the controller): not a certificate, a host serving plain HTTP, or a host's
+    certificate (`cert`, its vllm_service_tls_cert) the CA did not sign. SERVERS: the
+    fleet's servers ({name, tls, cert})."""
+    variable = f"vllm_service_fleet_ca_file={ca}"
+    try:
+        ssl.create_default_context(cafile=ca)
+    except (ssl.SSLError, OSError) as wrong:
+        reason = getattr(wrong, "reason", None) or type(wrong).__name__
+        fix = "give the CA that signed the hosts' certificates"
+        return [f"{variable}: not a PEM CA certificate ({reason}); {fix}"]
+    errors = []
+    for server in servers:
+        if not server["tls"]:
+            errors.append(
+                f"{variable}: {server['name']} serves plain HTTP; give it vllm_service_tls_cert "
+                "signed by that CA, or empty vllm_service_fleet_ca_file"
+            )
+            continue
+        checked = subprocess.run(
+            ["openssl", "verify", "-CAfile", ca, server["cert"]], capture_output=True, text=True
+        )
+        if checked.returncode != 0:
+            reason = (checked.stderr or checked.stdout).strip().splitlines()
+            errors.append(
+                f"{variable}: {server['name']}'s vllm_service_tls_cert={server['cert']} does not "
+                f"verify with it ({reason[-1] if reason else 'openssl verify failed'}); sign it "
+                "with that CA, or give the CA that did"
+            )
+    return errors
 
 
 def account_error(user: str, home: str, account: list[str] | None) -> str | None:

@@ -13,7 +13,7 @@ def _address(found, host, default_listen):
 
 
 def socketwise_fleet_servers(hosts, hostvars, default_listen):
-    """[{name, address, port, tls}] for every serving host: its own front door's address
+    """[{name, address, port, tls, cert}] for every serving host: its own front door's address
     (its ansible_host when that binds a wildcard), the plan's port (plan_port, else 8000,
     for a host this run did not plan) and whether it speaks TLS."""
     servers = []
@@ -26,6 +26,8 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
                 "address": _address(found, host, default_listen),
                 "port": int(plan["endpoint_port"] if plan else found.get("plan_port", 8000)),
                 "tls": bool(found.get("vllm_service_tls_cert")),
+                # On the controller: play 1 checks it against vllm_service_fleet_ca_file.
+                "cert": str(found.get("vllm_service_tls_cert") or ""),
             }
         )
     return servers

@@ -1,10 +1,10 @@
 """Ansible door into socketwise.serve.unitvalues and socketwise.serve.limits: the filters
 `systemd_quote` and `socketwise_unit_value_errors`, `socketwise_secret_errors`,
 `socketwise_address_errors`, `socketwise_account_error`, `socketwise_number_errors`,
-`socketwise_listener_clashes`, `socketwise_tls_error`; each unit's MemoryMax= and
-TasksMax=, sized from the plan: `socketwise_instance_limits`, `socketwise_stage_limits`
-and `socketwise_llamacpp_limits`. The same file serves the cluster role (linked into its
-filter_plugins/)."""
+`socketwise_listener_clashes`, `socketwise_tls_error`, `socketwise_fleet_ca_errors`; each
+unit's MemoryMax= and TasksMax=, sized from the plan: `socketwise_instance_limits`,
+`socketwise_stage_limits` and `socketwise_llamacpp_limits`. The same file serves the
+cluster role (linked into its filter_plugins/)."""
 
 import sys
 from pathlib import Path
@@ -14,6 +14,7 @@ try:
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
+        fleet_ca_errors,
         listener_clashes,
         number_errors,
         quote,
@@ -29,6 +30,7 @@ except ImportError:
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
+        fleet_ca_errors,
         listener_clashes,
         number_errors,
         quote,
@@ -71,6 +73,7 @@ class FilterModule:
             "socketwise_number_errors": number_errors,
             "socketwise_listener_clashes": listener_clashes,
             "socketwise_tls_error": socketwise_tls_error,
+            "socketwise_fleet_ca_errors": fleet_ca_errors,
             "socketwise_instance_limits": limits.instance_limits,
             "socketwise_stage_limits": limits.stage_limits,
             "socketwise_llamacpp_limits": limits.llamacpp_limits,
