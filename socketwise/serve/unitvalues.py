@@ -390,11 +390,12 @@ def fleet_ca_errors(ca: str, servers: list[dict]) -> list[str]:
             ["openssl", "verify", "-CAfile", ca, server["cert"]], capture_output=True, text=True
         )
         if checked.returncode != 0:
-            reason = (checked.stderr or checked.stdout).strip().splitlines()
+            said = (checked.stderr + checked.stdout).splitlines()
+            # openssl's line with the reason: "error 20 at 0 depth lookup: unable to get ..."
+            reason = next((line for line in said if line.startswith("error ")), "not verified")
             errors.append(
                 f"{variable}: {server['name']}'s vllm_service_tls_cert={server['cert']} does not "
-                f"verify with it ({reason[-1] if reason else 'openssl verify failed'}); sign it "
-                "with that CA, or give the CA that did"
+                f"verify with it ({reason}); sign it with that CA, or give the CA that did"
             )
     return errors
 
