@@ -1,10 +1,13 @@
 """The figures the comparison scripts print, from a run directory made by hand
 (tests/fixtures/kit-run, whose README gives the medians): scripts/kit-vs-baseline's
 ratios to plain vLLM and scripts/roofline's share of the memory-bandwidth limit, each
-read from sweeps already made (`--from`), as a user runs them."""
+read from sweeps already made (`--from`), as a user runs them; and the search
+scripts/rollout-timing --find-rate makes over load rates."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +73,22 @@ def test_the_scripts_want_hosts_to_sweep_or_sweeps_made_not_both():
         for args in ((), ("-i", "inventories/lab", "--from", str(RUN))):
             done = script(name, *args)
             assert done.returncode == 2 and "give -i INVENTORY" in done.stderr, (name, args)
+
+
+def test_the_rollout_rate_search_halves_towards_the_highest_rate_that_passes():
+    path = str(REPO / "scripts" / "rollout-timing")
+    loader = importlib.machinery.SourceFileLoader("rollout_timing", path)
+    timing = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader("rollout_timing", loader)
+    )
+    loader.exec_module(timing)
+    tried = []
+
+    def trial(rate: float) -> bool:  # a fleet whose rollouts keep up to 6 req/s of its 16
+        tried.append(rate)
+        return rate <= 6
+
+    assert timing.bisect_rate(16, 4, trial) == (6.0, 7.0)
+    assert tried == [8.0, 4.0, 6.0, 7.0]
+    # Nothing passes: the lowest rate tried, and none that passed.
+    assert timing.bisect_rate(16, 3, lambda rate: False) == (0.0, 2.0)
