@@ -233,6 +233,9 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "vllm_service_dtype": "", "vllm_service_environment": {},
         "vllm_service_extra_args": [], "__vllm_service_typed": {"vllm_service_max_model_len": None},
         "vllm_service_backend_address": "127.0.0.1", "__cluster_stage_limits": stage_limits(me),
+        # The filter's unit is tests/test_unit_security.py's: this unit does not require it.
+        "__cluster_filtering": False, "__cluster_hosts_file": "/etc/socketwise/cluster/hosts",
+        "__cluster_unit_allow": ["localhost", *addresses.values()],
     }  # fmt: skip
     return environment.get_template("vllm-pp.service.j2").render(variables | values)
 

@@ -535,13 +535,13 @@ def test_a_converged_host_reports_no_change_again_or_in_check_mode(machine, arti
 def test_tls_on_the_front_door_from_a_certificate_in_the_inventory(
     machine, artifacts, key, tmp_path
 ):
-    cert, key = frontdoor.self_signed(tmp_path, ADDRESS)
+    cert, tls_key = frontdoor.self_signed(tmp_path, ADDRESS)
     serving = on_host(machine, "systemctl show -p MainPID --value socketwise-vllm-sn.service")
     run = deploy(
         artifacts,
         "-e", "plan_layout=sn",
         "-e", f"vllm_service_tls_cert={cert}",
-        "-e", f"vllm_service_tls_key={key}",
+        "-e", f"vllm_service_tls_key={tls_key}",
     )  # fmt: skip
     assert run.returncode == 0, run.output[-4000:]
     # Only the front door restarted: the instance kept serving, the same process.
