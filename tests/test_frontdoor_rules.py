@@ -171,19 +171,28 @@ def own_listener(directory: Path, name: str, plan: dict, port: int) -> dict:
 
 
 # Fleet doors that verify the hosts' doors: with the CA that signed the host's TLS door's
-# certificate (credentials(): it signed itself), and with another.
-VERIFYING = ("fleet-verified", "fleet-other-ca")
-CAS = ("credentials/crt", "other-ca.crt")
+# certificate (credentials(): it signed itself), and with another; and one over a host's
+# TLS door that knows none of the fleet door's client keys (HOST_ONLY_KEY alone).
+VERIFYING = ("fleet-verified", "fleet-other-ca", "fleet-mtls")
+CAS = ("credentials/crt", "other-ca.crt", "credentials/crt")
+HOSTS_OF = {
+    "fleet-verified": "host-tls",
+    "fleet-other-ca": "host-tls",
+    "fleet-mtls": "host-own-keys",
+}
+HOST_ONLY_KEY = "sk-host-only-" + uuid.uuid4().hex
+# Where the role's fleet-credentials.yml makes the fleet door's client certificate and CA.
+KIT = "kit-credentials"
 
 
 def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) -> dict:
-    """Task vars of a fleet door over the host's TLS door, with vllm_service_fleet_ca_file
+    """Task vars of a fleet door over a host's TLS door, with vllm_service_fleet_ca_file
     set and its copy (fleet.yml's) at DIRECTORY/CA."""
     return {
         "vllm_service_fleet_port": ports[name],
         "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
         "__vllm_service_fleet_servers": [
-            {"name": "host1", "address": ADDRESS, "port": ports["host-tls"], "tls": True}
+            {"name": "host1", "address": ADDRESS, "port": ports[HOSTS_OF[name]], "tls": True}
         ],
         "vllm_service_fleet_ca_file": "ca.crt",
         "__vllm_service_fleet_ca": str(directory / ca),
@@ -194,7 +203,7 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    others = ("anonymous", "limited", "rotating", "metrics", *VERIFYING)
+    others = ("anonymous", "limited", "rotating", "metrics", "host-own-keys", *VERIFYING)
     ports = {name: free_port() for name in (*DOORS, *others)}
     plan = {
         "load_balancer": {"port": ports["host"], "balance": "leastconn"},
@@ -231,6 +240,12 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
     role = REPO / "roles/vllm_service"
     # Any certificate path turns TLS on; the unit hands the PEM over as a credential.
     tls = {"vllm_service_tls_cert": "tls.crt"}
+    # A TLS door behind a fleet door: it takes the fleet door's client certificate.
+    fleet_client = tls | {
+        "__vllm_service_takes_fleet_client": True,
+        "__vllm_service_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
+        "__cluster_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
+    }
     # roles/cluster/tasks/frontdoor.yml gives the rules these two.
     cluster = {
         "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
@@ -240,7 +255,11 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
         "host": ("haproxy.cfg.j2", {}),
         "host-tls": (
             "haproxy.cfg.j2",
-            own_listener(directory, "host-tls", plan, ports["host-tls"]) | tls,
+            own_listener(directory, "host-tls", plan, ports["host-tls"]) | fleet_client,
+        ),
+        "host-own-keys": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "host-own-keys", plan, ports["host-own-keys"]) | fleet_client,
         ),
         # allow_anonymous: no key, so no key check.
         "anonymous": (
@@ -285,7 +304,7 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
                 "socketwise_cluster_plan": {"endpoint_port": ports["cluster-tls"]},
                 "__cluster_lb_socket": str(directory / "cluster-tls.sock"),
             }
-            | tls,
+            | fleet_client,
         ),
     }
     play = [
@@ -299,6 +318,13 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
                 str(directory / "values.json"),
             ],
             "tasks": [
+                {
+                    "name": "Make the fleet door's client certificate",
+                    "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
+                    "vars": {"vllm_service_credentials_dir": str(directory / KIT)},
+                }
+            ]
+            + [
                 {
                     "name": f"Render {name}.cfg",
                     "ansible.builtin.template": {
@@ -319,13 +345,14 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    doors = {name: Door(name, ports[name], name in TLS_DOORS) for name in tasks}
+    doors = {name: Door(name, ports[name], name in (*TLS_DOORS, "host-own-keys")) for name in tasks}
     return doors | {"metrics": Door("metrics", ports["metrics"])}
 
 
 def credentials(directory: Path) -> Path:
     """What systemd's LoadCredential= gives the unit: frontdoor.pem (certificate and key)
-    in the directory $CREDENTIALS_DIRECTORY names."""
+    and, to a fleet door, fleet-client.pem (the kit's), in the directory
+    $CREDENTIALS_DIRECTORY names."""
     given = directory / "credentials"
     given.mkdir()
     subprocess.run(
@@ -336,6 +363,7 @@ def credentials(directory: Path) -> Path:
         capture_output=True,
     )
     (given / "frontdoor.pem").write_text((given / "crt").read_text() + (given / "key").read_text())
+    shutil.copy(directory / KIT / "fleet-client.pem", given / "fleet-client.pem")
     return given
 
 
@@ -351,7 +379,8 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
     client keys in the file SOCKETWISE_CLIENT_KEYS names (the unit's copy of client-keys),
     the certificate in its credentials directory; in the foreground, master and worker (a
     SIGUSR2 reloads it, as the unit's ExecReload does)."""
-    keys = write_keys(directory / f"{door.name}-client-keys", KEY, PREVIOUS)
+    own = (HOST_ONLY_KEY,) if door.name == "host-own-keys" else (KEY, PREVIOUS)
+    keys = write_keys(directory / f"{door.name}-client-keys", *own)
     env = dict(
         os.environ,
         SOCKETWISE_BACKEND_KEY=BACKEND,
@@ -434,9 +463,11 @@ def send(
     body: bytes | None = None,
     chunked: bool = False,
     source: str = ADDRESS,
+    cert: Path | None = None,
 ) -> Outcome:
-    """One request with the path exactly as given, from the address SOURCE; what the client
-    got and which requests of it reached the server."""
+    """One request with the path exactly as given, from the address SOURCE (over TLS
+    presenting CERT, a PEM of certificate and key, when given); what the client got and
+    which requests of it reached the server."""
     probe = uuid.uuid4().hex
     to = front.doors[door]
     if to.tls:
@@ -444,6 +475,8 @@ def send(
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+        if cert:
+            context.load_cert_chain(cert)
         connection = http.client.HTTPSConnection(
             ADDRESS, to.port, timeout=10, context=context, source_address=(source, 0)
         )
@@ -776,3 +809,41 @@ def test_a_fleet_door_given_the_hosts_ca_passes_only_a_door_it_signed(front):
     other = send(front, "fleet-other-ca", "POST", "/v1/completions", bearer(KEY), COMPLETION)
     assert (other.status, other.reached) == (503, []), other
     assert "fleet/host1 is DOWN, reason: Layer6 invalid response" in front.log("fleet-other-ca")
+
+
+def test_a_fleet_door_reaches_a_tls_host_door_with_its_certificate_not_the_clients_key(front):
+    kit = front.directory / KIT
+    # The host's door knows none of the fleet door's client keys: what passes it is the
+    # fleet door's client certificate, made by the role on the controller.
+    through = send(front, "fleet-mtls", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert through.status == 200 and len(through.reached) == 1, through
+    assert through.reached[0].headers["authorization"] == f"Bearer {BACKEND}"
+    direct = send(front, "host-own-keys", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert (direct.status, direct.reached) == (401, []), direct
+    # A client of the host's door still needs its key, or the fleet door's certificate.
+    for door in ("host-tls", "cluster-tls"):
+        bare = send(front, door, "POST", "/v1/completions", None, COMPLETION)
+        assert (bare.status, bare.reached) == (401, []), (door, bare)
+        shown = send(
+            front, door, "POST", "/v1/completions", None, COMPLETION,
+            cert=kit / "fleet-client.pem",
+        )  # fmt: skip
+        assert shown.status == 200 and len(shown.reached) == 1, (door, shown)
+    # A certificate another CA signed does not pass the handshake.
+    other = front.directory / "other-client.pem"
+    other.write_text(
+        "".join((front.directory / f"other-ca.{kind}").read_text() for kind in ("crt", "key"))
+    )
+    with pytest.raises(ssl.SSLError):
+        send(front, "host-tls", "POST", "/v1/completions", None, COMPLETION, cert=other)
+    # The CA's key is not kept: nothing else can be signed with it.
+    assert sorted(p.name for p in kit.iterdir()) == ["fleet-client-ca.pem", "fleet-client.pem"]
+    assert (kit / "fleet-client.pem").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_fleet_door_over_tls_hosts_alone_sends_the_clients_key_no_further(front):
+    # fleet-mtls's every host door is TLS: the key is dropped once checked. The plain
+    # fleet door's hosts check it again, so it goes on there.
+    config = (front.directory / "fleet-mtls.cfg").read_text()
+    assert "http-request del-header Authorization" in config
+    assert "del-header Authorization" not in (front.directory / "fleet.cfg").read_text()
