@@ -322,7 +322,15 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
                     "name": "Make the fleet door's client certificate",
                     "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
                     "vars": {"vllm_service_credentials_dir": str(directory / KIT)},
-                }
+                },
+                # The fleet's one host (localhost here) was given that CA this run
+                # (fleet-client-ca.yml's copy): it takes the certificate by now.
+                {
+                    "name": "Give the host the certificate's CA",
+                    "ansible.builtin.set_fact": {
+                        "__vllm_service_fleet_client_ca_copy": {"changed": False}
+                    },
+                },
             ]
             + [
                 {

@@ -1,5 +1,6 @@
-"""The filters `socketwise_fleet_servers`, where the fleet front door reaches each host, and
-`socketwise_fleet_sources`, the addresses a host's door sees the fleet door come from."""
+"""The filters `socketwise_fleet_servers`, where the fleet front door reaches each host,
+`socketwise_fleet_sources`, the addresses a host's door sees the fleet door come from, and
+`socketwise_fleet_trusting`, the hosts whose door takes the fleet door's certificate."""
 
 import ipaddress
 
@@ -50,9 +51,25 @@ def socketwise_fleet_sources(doors, hostvars, default_listen):
     return sources
 
 
+def socketwise_fleet_trusting(hosts, hostvars):
+    """The HOSTS whose door takes the fleet door's client certificate by now: this run
+    gave it the certificate's CA (fleet-client-ca.yml's copy, not skipped), or it had the
+    CA when the first play looked (preflight.yml). A host this run has not reached (the
+    first fleet play of rollout.yml, a --limit) counts only by the second."""
+    trusting = []
+    for host in hosts:
+        found = hostvars[host]
+        copied = found.get("__vllm_service_fleet_client_ca_copy") or {}
+        looked = (found.get("__vllm_service_fleet_client_ca_found") or {}).get("stat") or {}
+        if (copied and not copied.get("skipped")) or looked.get("exists"):
+            trusting.append(host)
+    return trusting
+
+
 class FilterModule:
     def filters(self):
         return {
             "socketwise_fleet_servers": socketwise_fleet_servers,
             "socketwise_fleet_sources": socketwise_fleet_sources,
+            "socketwise_fleet_trusting": socketwise_fleet_trusting,
         }
