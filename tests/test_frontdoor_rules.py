@@ -144,6 +144,35 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class Refusing(ThreadingHTTPServer):
+    """A host's door whose instances all left it (a restart): 503 to every request, after
+    reading it whole; `refused` counts them."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__((ADDRESS, 0), _Refuse)
+        self.refused = 0
+
+
+class _Refuse(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Refusing
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path != "/health":
+            self.server.refused += 1
+        self.send_response(503 if self.path != "/health" else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 # --- rendering and running the doors -----------------------------------------------------
 
 
@@ -199,11 +228,12 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
     }
 
 
-def render(directory: Path, backend_port: int) -> dict[str, Door]:
+def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    others = ("anonymous", "limited", "rotating", "metrics", "host-own-keys", *VERIFYING)
+    others = ("anonymous", "limited", "rotating", "metrics", "host-own-keys", "fleet-retry")
+    others += VERIFYING
     ports = {name: free_port() for name in (*DOORS, *others)}
     plan = {
         "load_balancer": {"port": ports["host"], "balance": "leastconn"},
@@ -282,6 +312,18 @@ def render(directory: Path, backend_port: int) -> dict[str, Door]:
             own_listener(directory, "rotating", plan, ports["rotating"]),
         ),
         "fleet": ("fleet-haproxy.cfg.j2", {}),
+        # Over a host whose door answers 503 (its instances restarting) and one that serves.
+        "fleet-retry": (
+            "fleet-haproxy.cfg.j2",
+            {
+                "vllm_service_fleet_port": ports["fleet-retry"],
+                "__vllm_service_fleet_socket": str(directory / "fleet-retry.sock"),
+                "__vllm_service_fleet_servers": [
+                    {"name": "restarting", "address": ADDRESS, "port": refusing_port, "tls": False},
+                    {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},
+                ],
+            },
+        ),
         "fleet-tls": (
             "fleet-haproxy.cfg.j2",
             {
@@ -425,6 +467,7 @@ class FrontDoors:
     server: Recorder
     directory: Path
     processes: dict[str, subprocess.Popen]
+    refusing: Refusing
 
     def log(self, door: str) -> str:
         """What the door's HAProxy wrote: its access log (the journal, on a host)."""
@@ -434,9 +477,10 @@ class FrontDoors:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory) -> Iterator[FrontDoors]:
     directory = tmp_path_factory.mktemp("frontdoor")
-    server = Recorder()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    doors = render(directory, server.server_address[1])
+    server, refusing = Recorder(), Refusing()
+    for serving in (server, refusing):
+        threading.Thread(target=serving.serve_forever, daemon=True).start()
+    doors = render(directory, server.server_address[1], refusing.server_address[1])
     given = credentials(directory)
     self_signed(directory, "another CA", "other-ca")
     processes = {}
@@ -444,13 +488,14 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
         for door in doors.values():
             if door.name != "metrics":  # the host door's second listener
                 processes[door.name] = start(door, directory, given)
-        yield FrontDoors(doors, server, directory, processes)
+        yield FrontDoors(doors, server, directory, processes, refusing)
     finally:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        server.shutdown()
-        server.server_close()
+        for serving in (server, refusing):
+            serving.shutdown()
+            serving.server_close()
 
 
 # --- the client --------------------------------------------------------------------------
@@ -855,3 +900,14 @@ def test_a_fleet_door_over_tls_hosts_alone_sends_the_clients_key_no_further(fron
     config = (front.directory / "fleet-mtls.cfg").read_text()
     assert "http-request del-header Authorization" in config
     assert "del-header Authorization" not in (front.directory / "fleet.cfg").read_text()
+
+
+def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(front):
+    # A host whose instances left its door for a restart answers 503 until the fleet
+    # door's checks mark it down: a completion sent there in between is retried on the
+    # other host, its body too, and the client never sees the 503.
+    for _ in range(6):
+        outcome = send(front, "fleet-retry", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+        assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+        assert outcome.reached[0].body == COMPLETION
+    assert front.refusing.refused > 0

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from socketwise.serve.ready import (
+    FrontDoor,
     complete,
     last_error,
     restart_running,
@@ -34,6 +35,43 @@ def test_a_new_secret_restarts_the_running_instances_only():
     instances = [{"unit": "a", "url": "http://a/health"}, {"unit": "b", "url": "http://b/health"}]
     running = restart_running(instances, state=states.__getitem__, restart=restarted.append)
     assert (running, restarted) == ([instances[0]], ["a"])
+
+
+def test_a_restart_for_a_new_secret_drains_the_instance_from_the_front_door_first():
+    # The host door's runtime API: the instance's requests in flight (scur) finish one
+    # poll after the drain; only then does systemd restart it; it comes back, and the
+    # call returns once the door's own check has it UP again.
+    said: list[str] = []
+    stats = iter([(2, "UP"), (0, "DRAIN"), (0, "DOWN"), (0, "UP")])
+
+    def runtime(socket_path: str, command: str) -> str:
+        said.append(command)
+        if command != "show stat":
+            return "\n"
+        scur, status = next(stats)
+        return (
+            "# pxname,svname,scur,status\nvllm,FRONTEND,5,OPEN\n"
+            f"vllm_instances,vllm-sn,{scur},{status}\nvllm_instances,BACKEND,2,UP\n"
+        )
+
+    door = FrontDoor("/run/socketwise-lb/admin.sock", "vllm_instances", runtime, interval=0)
+    instances = [{"unit": "socketwise-vllm-sn.service", "url": "http://a/health"}]
+    restart_running(
+        instances,
+        state=lambda unit: UP,
+        restart=lambda unit: said.append(f"restart {unit}"),
+        leave=lambda units: door.drain(units, timeout=5),
+    )
+    door.ready(["socketwise-vllm-sn.service"], timeout=5)
+    assert said == [
+        "set server vllm_instances/vllm-sn state drain",
+        "show stat",
+        "show stat",
+        "restart socketwise-vllm-sn.service",
+        "set server vllm_instances/vllm-sn state ready",
+        "show stat",
+        "show stat",
+    ]
 
 
 def test_a_unit_that_crashes_while_awaited_stops_the_wait_at_once():

@@ -10,6 +10,7 @@ rollback, so the wait ends there with the unit's last journal lines.
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import subprocess
 import time
@@ -62,14 +63,86 @@ def restart_unit(unit: str) -> None:
     subprocess.run(["systemctl", "restart", unit], check=True, capture_output=True)
 
 
+def runtime_command(socket_path: str, command: str) -> str:
+    """One command to an HAProxy runtime API (its Unix socket), and the answer."""
+    with socket.socket(socket.AF_UNIX) as runtime:
+        runtime.settimeout(10)
+        runtime.connect(socket_path)
+        runtime.sendall(command.encode() + b"\n")
+        return b"".join(iter(lambda: runtime.recv(65536), b"")).decode()
+
+
+class FrontDoor:
+    """A host's front door, by its runtime API: the servers of BACKEND (the instances,
+    named like their units without `socketwise-` and `.service`) leave it before a
+    restart, their requests in flight finishing, and come back after it."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        backend: str,
+        command: Callable[[str, str], str] = runtime_command,
+        interval: float = 0.5,
+    ):
+        self.socket_path, self.backend, self.command = socket_path, backend, command
+        self.interval = interval
+
+    @staticmethod
+    def server(unit: str) -> str:
+        return unit.removeprefix("socketwise-").removesuffix(".service")
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        """Each server of the backend's `show stat` row (scur: requests in flight)."""
+        lines = self.command(self.socket_path, "show stat").splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {
+            row["svname"]: row
+            for row in rows
+            if row.get("pxname") == self.backend and row["svname"] not in ("FRONTEND", "BACKEND")
+        }
+
+    def in_flight(self) -> dict[str, int]:
+        return {name: int(row.get("scur") or 0) for name, row in self.servers().items()}
+
+    def drain(self, units: list[str], timeout: float) -> None:
+        """No new request to the units' servers; back once those in flight are done (or
+        TIMEOUT passed). With every server drained the door answers 503 at once, which
+        the fleet door retries on another host."""
+        servers = [self.server(unit) for unit in units]
+        for server in servers:
+            self.command(self.socket_path, f"set server {self.backend}/{server} state drain")
+        until = time.monotonic() + timeout
+        while any(self.in_flight().get(s, 0) for s in servers) and time.monotonic() < until:
+            time.sleep(self.interval)
+
+    def ready(self, units: list[str], timeout: float, settle: float = 0) -> None:
+        """The units' servers back, and UP by the door's own check (or TIMEOUT passed);
+        then SETTLE seconds more, for a fleet door's checks to see the host serve again
+        before the next host's instances leave."""
+        servers = [self.server(unit) for unit in units]
+        for server in servers:
+            self.command(self.socket_path, f"set server {self.backend}/{server} state ready")
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            status = {name: row.get("status", "") for name, row in self.servers().items()}
+            if all(status.get(s, "").startswith("UP") for s in servers):
+                break
+            time.sleep(self.interval)
+        time.sleep(settle)
+
+
 def restart_running(
     instances: list[dict],
     state: Callable[[str], dict[str, str]] = unit_state,
     restart: Callable[[str], None] = restart_unit,
+    leave: Callable[[list[str]], None] = lambda units: None,
 ) -> list[dict]:
     """Restart those of `instances` ([{"unit", "url"}]) whose unit is active, and return
-    them: one not running yet is left to be started, with nothing to wait for."""
+    them: one not running yet is left to be started, with nothing to wait for. LEAVE gets
+    their units first (a front door drains them)."""
     running = [i for i in instances if state(i["unit"]).get("ActiveState") == "active"]
+    leave([i["unit"] for i in running])
     for instance in running:
         restart(instance["unit"])
     return running

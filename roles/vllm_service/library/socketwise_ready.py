@@ -33,6 +33,23 @@ options:
         another, each serving again before the next one's restart.
     type: bool
     default: false
+  frontdoor_socket:
+    description:
+      - With I(restart), the runtime API socket of the host's front door: each instance
+        leaves its backend first (its requests in flight finish), and comes back once it
+        answers /health. Empty, none does.
+    type: str
+    default: ""
+  frontdoor_backend:
+    description: The front door's backend whose servers are the instances.
+    type: str
+    default: vllm_instances
+  settle:
+    description:
+      - With I(frontdoor_socket), seconds to wait once the instances are back in the
+        door and UP by its check, for a fleet door's checks to see the host serve again.
+    type: int
+    default: 0
 author: socketwise
 """
 
@@ -49,6 +66,7 @@ restarted:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.socketwise.serve.ready import (
+    FrontDoor,
     journal_tail,
     last_error,
     restart_running,
@@ -63,6 +81,9 @@ def main():
             "urls": {"type": "list", "elements": "str", "required": True},
             "timeout": {"type": "int", "default": 600},
             "restart": {"type": "bool", "default": False},
+            "frontdoor_socket": {"type": "str", "default": ""},
+            "frontdoor_backend": {"type": "str", "default": "vllm_instances"},
+            "settle": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -71,14 +92,25 @@ def main():
         module.fail_json(msg="give one /health URL per unit")
     pairs = zip(params["units"], params["urls"], strict=True)
     instances = [{"unit": unit, "url": url} for unit, url in pairs]
-    restarted = []
+    restarted, door = [], None
     if params["restart"]:
         if module.check_mode:
             running = [i["unit"] for i in restart_running(instances, restart=lambda unit: None)]
             module.exit_json(changed=bool(running), ready={}, restarted=running)
-        instances = restart_running(instances)
+        leave = None
+        if params["frontdoor_socket"]:
+            door = FrontDoor(params["frontdoor_socket"], params["frontdoor_backend"])
+
+            def leave(units):
+                door.drain(units, params["timeout"])
+
+        instances = restart_running(instances, **({"leave": leave} if leave else {}))
         restarted = [i["unit"] for i in instances]
-    result = wait_ready(instances, params["timeout"]) | {"restarted": restarted}
+    try:
+        result = wait_ready(instances, params["timeout"]) | {"restarted": restarted}
+    finally:
+        if restarted and door:
+            door.ready(restarted, params["timeout"], params["settle"])
     if result["failed"]:
         ((unit, why),) = result["failed"].items()
         journal = journal_tail(unit)
