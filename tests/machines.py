@@ -8,11 +8,11 @@ so `detect(root)` sees the machine. `MACHINES` names every machine.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from socketwise.facts.topology import format_cpulist
+from socketwise.facts.topology import CAPTURED_NVIDIA_SMI, format_cpulist
 
 GIB_KB = 1024 * 1024
 
@@ -77,6 +77,8 @@ DEFAULT_KNOBS = {
     "sys/kernel/mm/transparent_hugepage/defrag": "always defer defer+madvise [madvise] never\n",
 }
 DEFAULT_PROCESSES = {1: "systemd", 2: "kthreadd", 812: "irqbalance", 903: "sshd"}
+# Ice Lake server: Sapphire Rapids' flags without AMX.
+ICELAKE_FLAGS = " ".join(f for f in SAPPHIRE_RAPIDS_FLAGS.split() if not f.startswith("amx"))
 DEFAULT_HUGEPAGES = {"2048kB": (0, 0), "1048576kB": (0, 0)}
 
 
@@ -86,6 +88,8 @@ class Pci:
     pci_class: str
     vendor: str
     numa_node: int = -1
+    local_cpus: str | None = None  # local_cpulist; None leaves the file out
+    files: Mapping[str, str] = field(default_factory=dict)  # more of the device's own files
 
     @property
     def address(self) -> str:
@@ -112,11 +116,54 @@ class Machine:
     nics: Mapping[str, str | None] = field(default_factory=lambda: {"lo": None})
     knobs: Mapping[str, str] = field(default_factory=lambda: DEFAULT_KNOBS)
     processes: Mapping[int, str] = field(default_factory=lambda: DEFAULT_PROCESSES)
+    # What nvidia-smi printed (`query`, `topo`), kept where a captured tree keeps it.
+    nvidia_smi: Mapping[str, str] | None = None
+
+
+def nvidia_smi_answers(gpus: list[tuple[str, str, int, str, int]], links: list[list[str]]) -> dict:
+    """nvidia-smi's two answers for GPUs (address as nvidia-smi spells it, name, MiB, CPU
+    affinity, NUMA affinity) and the links between them (the `topo -m` matrix, "X" on the
+    diagonal), laid out as nvidia-smi prints them."""
+    query = "".join(f"{bus}, {name}, {mib}\n" for bus, name, mib, _, _ in gpus)
+    header = "\t" + "\t".join(f"GPU{i}" for i in range(len(gpus)))
+    header += "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
+    rows = [
+        f"GPU{i}\t"
+        + "\t".join(" X " if cell == "X" else cell for cell in row)
+        + f"\t{gpus[i][3]}\t{gpus[i][4]}\t\tN/A"
+        for i, row in enumerate(links)
+    ]
+    legend = (
+        "\nLegend:\n\n  X    = Self\n"
+        "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes\n"
+        "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host "
+        "Bridges within a NUMA node\n"
+        "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n"
+        "  PXB  = Connection traversing multiple PCIe bridges\n"
+        "  PIX  = Connection traversing at most a single PCIe bridge\n"
+        "  NV#  = Connection traversing a bonded set of # NVLinks\n"
+    )
+    return {"query": query, "topo": "\n".join([header, *rows, legend])}
+
+
+def link_matrix(count: int, link: Callable[[int, int], str]) -> list[list[str]]:
+    """The links matrix with link(a, b) between GPUs a and b."""
+    return [["X" if a == b else link(a, b) for b in range(count)] for a in range(count)]
 
 
 def _two_nodes(gb: int, remote: int = 21) -> dict:
     return {"node_memory_gb": {0: gb, 1: gb}, "distances": [[10, remote], [remote, 10]]}
 
+
+# DGX H100's GPUs: (bus, node).
+DGX_GPUS = (("1b", 0), ("43", 0), ("52", 0), ("61", 0), ("9d", 1), ("c3", 1), ("d1", 1), ("df", 1))
+# The PCIe box's GPUs: (root bus, switch bus, switch port, GPU bus, node).
+PCIE_4GPU = (
+    ("00", "01", "00", "02", 0),
+    ("00", "01", "01", "03", 0),
+    ("80", "81", "00", "82", 1),
+    ("80", "81", "01", "83", 1),
+)
 
 MACHINES: dict[str, Machine] = {
     # Dell R730: socket 0 holds the even CPUs, socket 1 the odd; sibling of c is c+28.
@@ -235,6 +282,146 @@ MACHINES: dict[str, Machine] = {
             "ens2f1np1": "pci0000:30/0000:30:02.0/0000:31:00.1",
         },
     ),
+    # The cross-NUMA study's server: both GPUs hang off socket 0 (an inference process on
+    # socket 1's cores crosses the interconnect for every host-side access).
+    "gpu-cross": Machine(
+        vendor="GenuineIntel",
+        model_name="Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz",
+        family=6,
+        model=106,
+        flags=ICELAKE_FLAGS,
+        cores=[(c // 32, c // 32, (c, c + 64)) for c in range(64)],
+        **_two_nodes(256),
+        pci=tuple(
+            Pci(
+                f"pci0000:{bus}/0000:{bus}:02.0/0000:{gpu}:00.0",
+                "0x030200",
+                "0x10de",
+                0,
+                "0-31,64-95",
+            )
+            for bus, gpu in (("16", "17"), ("30", "31"))
+        ),
+        nvidia_smi=nvidia_smi_answers(
+            [
+                (f"00000000:{gpu}:00.0", "NVIDIA A100 80GB PCIe", 81920, "0-31,64-95", 0)
+                for gpu in ("17", "31")
+            ],
+            link_matrix(2, lambda a, b: "NODE"),
+        ),
+    ),
+    # An 8-GPU NVLink box (DGX H100): four H100s on each socket, every pair 18 NVLinks apart.
+    "dgx-h100": Machine(
+        vendor="GenuineIntel",
+        model_name="Intel(R) Xeon(R) Platinum 8480C",
+        family=6,
+        model=143,
+        flags=SAPPHIRE_RAPIDS_FLAGS,
+        cores=[(c // 56, c // 56, (c, c + 112)) for c in range(112)],
+        **_two_nodes(1024),
+        pci=tuple(
+            Pci(
+                f"pci0000:{int(gpu, 16) - 1:02x}/0000:{int(gpu, 16) - 1:02x}:01.0/0000:{gpu}:00.0",
+                "0x030200",
+                "0x10de",
+                node,
+                "0-55,112-167" if node == 0 else "56-111,168-223",
+            )
+            for gpu, node in DGX_GPUS
+        ),
+        nvidia_smi=nvidia_smi_answers(
+            [
+                (
+                    f"00000000:{gpu.upper()}:00.0",
+                    "NVIDIA H100 80GB HBM3",
+                    81559,
+                    "0-55,112-167" if node == 0 else "56-111,168-223",
+                    node,
+                )
+                for gpu, node in DGX_GPUS
+            ],
+            link_matrix(8, lambda a, b: "NV18"),
+        ),
+    ),
+    # PCIe only: two L40S behind one switch on each socket (PIX within a pair, SYS across
+    # sockets). The firmware gives one of them no node: its local CPUs say node 1.
+    "pcie-4gpu": Machine(
+        vendor="AuthenticAMD",
+        model_name="AMD EPYC 9354 32-Core Processor",
+        family=25,
+        model=17,
+        flags=GENOA_FLAGS,
+        cores=[(c // 32, c // 32, (c, c + 64)) for c in range(64)],
+        **_two_nodes(384, remote=32),
+        pci=tuple(
+            Pci(
+                f"pci0000:{root}/0000:{root}:01.1/0000:{switch}:00.0/0000:{switch}:{slot}.0"
+                f"/0000:{gpu}:00.0",
+                "0x030200",
+                "0x10de",
+                -1 if gpu == "82" else node,
+                "0-31,64-95" if node == 0 else "32-63,96-127",
+            )
+            for root, switch, slot, gpu, node in PCIE_4GPU
+        ),
+        nvidia_smi=nvidia_smi_answers(
+            [
+                (
+                    f"00000000:{gpu.upper()}:00.0",
+                    "NVIDIA L40S",
+                    46068,
+                    "0-31,64-95" if node == 0 else "32-63,96-127",
+                    node,
+                )
+                for _, _, _, gpu, node in PCIE_4GPU
+            ],
+            link_matrix(4, lambda a, b: "PIX" if a // 2 == b // 2 else "SYS"),
+        ),
+    ),
+    # The hybrid MoE study's host: 2x EPYC 9554 with one 48 GB GPU, on socket 0.
+    "hybrid-9554": Machine(
+        vendor="AuthenticAMD",
+        model_name="AMD EPYC 9554 64-Core Processor",
+        family=25,
+        model=17,
+        flags=GENOA_FLAGS,
+        cores=[(c // 64, c // 64, (c, c + 128)) for c in range(128)],
+        **_two_nodes(384, remote=32),
+        pci=(
+            Pci(
+                "pci0000:40/0000:40:01.1/0000:41:00.0",
+                "0x030000",
+                "0x10de",
+                0,
+                "0-63,128-191",
+            ),
+        ),
+        nvidia_smi=nvidia_smi_answers(
+            [("00000000:41:00.0", "NVIDIA RTX 6000 Ada Generation", 49140, "0-63,128-191", 0)],
+            link_matrix(1, lambda a, b: "SYS"),
+        ),
+    ),
+    # AMD GPUs: amdgpu tells memory and name in sysfs (no nvidia-smi).
+    "mi210": Machine(
+        vendor="AuthenticAMD",
+        model_name="AMD EPYC 9554 64-Core Processor",
+        family=25,
+        model=17,
+        flags=GENOA_FLAGS,
+        cores=[(0, 0, (c, c + 64)) for c in range(64)],
+        node_memory_gb={0: 512},
+        pci=tuple(
+            Pci(
+                f"pci0000:{bus}/0000:{bus}:01.1/0000:{gpu}:00.0",
+                "0x038000",
+                "0x1002",
+                0,
+                "0-127",
+                {"mem_info_vram_total": str(64 * 2**30), "product_name": "AMD Instinct MI210"},
+            )
+            for bus, gpu in (("20", "23"), ("60", "63"))
+        ),
+    ),
     # A kernel built without CONFIG_NUMA (and without THP or NUMA balancing), with /proc
     # holding no process table.
     "nonuma": Machine(
@@ -304,6 +491,10 @@ def build_machine(name: str, root: Path) -> Path:
         _write(device_dir / "class", device.pci_class)
         _write(device_dir / "vendor", device.vendor)
         _write(device_dir / "numa_node", str(device.numa_node))
+        if device.local_cpus is not None:
+            _write(device_dir / "local_cpulist", device.local_cpus)
+        for name, text in device.files.items():
+            _write(device_dir / name, text)
         _symlink(sys_dir / "bus/pci/devices" / device.address, device_dir)
 
     for interface, device_path in machine.nics.items():
@@ -317,6 +508,8 @@ def build_machine(name: str, root: Path) -> Path:
 
     for path, text in machine.knobs.items():
         _write(root / path, text)
+    for answer, text in (machine.nvidia_smi or {}).items():
+        _write(root / CAPTURED_NVIDIA_SMI[answer], text)
     for pid, comm in machine.processes.items():
         _write(proc_dir / str(pid) / "comm", comm)
     return root

@@ -20,7 +20,8 @@ def run_playbook(tmp_path: Path, *extra: str) -> PlaybookRun:
 
 
 def test_playbook_saves_the_same_topology_and_plan_as_the_python_code(tmp_path):
-    root = build_machine("r730", tmp_path / "r730")
+    # GPUs with captured nvidia-smi answers, one placed by its local CPUs.
+    root = build_machine("pcie-4gpu", tmp_path / "pcie-4gpu")
     result = run_playbook(
         tmp_path, "-e", f"topology_root={root}", "-e", "plan_layout=tp", "-e", "plan_model_gb=8"
     )

@@ -1,13 +1,16 @@
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 
 import pytest
 
 from socketwise.facts.topology import (
     TopologyError,
+    ask_nvidia_smi,
     detect,
     format_cpulist,
     parse_cpulist,
@@ -123,14 +126,98 @@ def test_gpu_server_reports_gpus_and_physical_nics_with_their_nodes(machine_root
     topology = detect(machine_root("gpu"))
 
     # The BMC's ASPEED VGA is a display controller too, but not one vLLM can use.
+    # No nvidia-smi answers captured in this tree: what only nvidia-smi tells is null.
+    unknown = {"local_cpus": None, "memory_mb": None, "name": None, "links": None}
     assert topology["gpus"] == [
-        {"pci": "0000:ca:00.0", "vendor": "nvidia", "numa_node": 1},
-        {"pci": "0000:e1:00.0", "vendor": "nvidia", "numa_node": 1},
+        {"pci": "0000:ca:00.0", "vendor": "nvidia", "numa_node": 1} | unknown,
+        {"pci": "0000:e1:00.0", "vendor": "nvidia", "numa_node": 1} | unknown,
     ]
     assert topology["nics"] == [
         {"name": "ens2f0np0", "pci": "0000:31:00.0", "numa_node": 0},
         {"name": "ens2f1np1", "pci": "0000:31:00.1", "numa_node": 0},
     ]
+
+
+def gpu(topology: dict, pci: str) -> dict:
+    return next(g for g in topology["gpus"] if g["pci"] == pci)
+
+
+def test_nvidia_gpus_get_name_memory_and_links_from_the_captured_nvidia_smi(machine_root):
+    topology = detect(machine_root("dgx-h100"))
+
+    assert [(g["pci"], g["numa_node"]) for g in topology["gpus"]] == [
+        ("0000:1b:00.0", 0), ("0000:43:00.0", 0), ("0000:52:00.0", 0), ("0000:61:00.0", 0),
+        ("0000:9d:00.0", 1), ("0000:c3:00.0", 1), ("0000:d1:00.0", 1), ("0000:df:00.0", 1),
+    ]  # fmt: skip
+    first = gpu(topology, "0000:1b:00.0")
+    assert (first["name"], first["memory_mb"]) == ("NVIDIA H100 80GB HBM3", 81559)
+    assert first["local_cpus"] == node(topology, 0)["cpus"]
+    # nvidia-smi numbers GPUs in its own order (PCI bus order): GPU7 is df:00.0.
+    assert first["links"] == {g["pci"]: "NV18" for g in topology["gpus"][1:]}
+
+
+def test_pcie_links_and_a_gpu_without_a_node_placed_by_its_local_cpus(machine_root):
+    topology = detect(machine_root("pcie-4gpu"))
+
+    # 82:00.0's numa_node is -1; its local_cpulist is node 1's CPUs.
+    assert [g["numa_node"] for g in topology["gpus"]] == [0, 0, 1, 1]
+    assert gpu(topology, "0000:82:00.0")["links"] == {
+        "0000:02:00.0": "SYS", "0000:03:00.0": "SYS", "0000:83:00.0": "PIX"
+    }  # fmt: skip
+    assert {g["memory_mb"] for g in topology["gpus"]} == {46068}
+
+
+def test_amd_gpus_tell_memory_and_name_in_sysfs(machine_root):
+    topology = detect(machine_root("mi210"))
+
+    assert [(g["vendor"], g["name"], g["memory_mb"], g["links"]) for g in topology["gpus"]] == [
+        ("amd", "AMD Instinct MI210", 65536, None)
+    ] * 2
+
+
+def test_a_gpu_whose_local_cpus_span_nodes_has_no_node(machine_root):
+    root = machine_root("gpu-cross")
+    (root / "sys/bus/pci/devices/0000:17:00.0/numa_node").write_text("-1\n")
+    (root / "sys/bus/pci/devices/0000:17:00.0/local_cpulist").write_text("0-127\n")
+
+    assert gpu(detect(root), "0000:17:00.0")["numa_node"] is None
+
+
+@pytest.fixture
+def nvidia_smi(machine_root, tmp_path, monkeypatch) -> Callable[[int], None]:
+    """An nvidia-smi on PATH that prints what the DGX's did (this machine has none), or
+    fails as it does with no driver loaded."""
+
+    def install(exit_code: int = 0) -> None:
+        captured = machine_root("dgx-h100") / "socketwise"
+        tool = tmp_path / "bin" / "nvidia-smi"
+        tool.parent.mkdir(exist_ok=True)
+        tool.write_text(
+            "#!/bin/sh\n"
+            + (f"echo 'NVIDIA-SMI has failed' >&2; exit {exit_code}\n" if exit_code else "")
+            + f'if [ "$1" = topo ]; then cat {captured}/nvidia-smi-topo.txt; '
+            + f"else cat {captured}/nvidia-smi-query.csv; fi\n"
+        )
+        tool.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+
+    return install
+
+
+def test_nvidia_smi_is_asked_on_a_live_host(nvidia_smi, machine_root):
+    nvidia_smi()
+    answers = ask_nvidia_smi()
+    assert answers is not None
+    # The same tree without its captured answers, given nvidia-smi's own.
+    root = machine_root("dgx-h100")
+    shutil.rmtree(root / "socketwise")
+    assert gpu(detect(root), "0000:df:00.0")["memory_mb"] is None
+    assert gpu(detect(root, answers), "0000:df:00.0")["memory_mb"] == 81559
+
+
+def test_an_nvidia_smi_that_cannot_answer_leaves_the_figures_null(nvidia_smi):
+    nvidia_smi(exit_code=9)
+    assert ask_nvidia_smi() is None
 
 
 def test_kernel_without_numa_gets_one_synthesized_node(machine_root):
@@ -255,7 +342,7 @@ def run_cli(argv: list[str]) -> int:
 
 
 def test_cli_prints_the_topology_as_json(machine_root, capsys):
-    root = machine_root("gpu")
+    root = machine_root("pcie-4gpu")
 
     assert run_cli(["topology", "--root", str(root)]) == 0
     assert json.loads(capsys.readouterr().out) == detect(root)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -39,6 +41,22 @@ GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _CPULIST_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _MEM_TOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s*(\d+) kB\s*$", re.MULTILINE)
+# How `nvidia-smi topo -m` names the path between two GPUs, nearest first.
+_LINK_KIND = re.compile(r"NV\d+|PIX|PXB|PHB|NODE|SYS")
+
+# What nvidia-smi tells about NVIDIA GPUs that sysfs does not (name, memory, links). A live
+# host's answers come from running it; a captured tree keeps them, as these commands
+# printed them, under CAPTURED_NVIDIA_SMI below its root.
+NVIDIA_SMI_QUERY = (
+    "nvidia-smi",
+    "--query-gpu=pci.bus_id,name,memory.total",
+    "--format=csv,noheader,nounits",
+)
+NVIDIA_SMI_TOPO = ("nvidia-smi", "topo", "-m")
+CAPTURED_NVIDIA_SMI = {
+    "query": "socketwise/nvidia-smi-query.csv",
+    "topo": "socketwise/nvidia-smi-topo.txt",
+}
 
 
 class TopologyError(ValueError):
@@ -77,6 +95,12 @@ class Gpu(TypedDict):
     pci: str
     vendor: str
     numa_node: int | None
+    local_cpus: list[int] | None
+    memory_mb: int | None
+    name: str | None
+    # Each other GPU's PCI address -> the path to it (`nvidia-smi topo -m`'s NV#, PIX, PXB,
+    # PHB, NODE, SYS); None where nvidia-smi did not say.
+    links: dict[str, str | None] | None
 
 
 class Nic(TypedDict):
@@ -136,10 +160,13 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
-def detect(root: str | Path = "/") -> Topology:
+def detect(root: str | Path = "/", nvidia_smi: dict[str, str] | None = None) -> Topology:
     """Read `root`/sys and `root`/proc and return the schema-1 topology document.
 
     `root` other than "/" reads a copied or synthetic tree (tests, offline analysis).
+    `nvidia_smi` holds what NVIDIA_SMI_QUERY and NVIDIA_SMI_TOPO printed (`query`, `topo`;
+    `ask_nvidia_smi()` runs them on a live host); without it, the copies a captured tree
+    keeps at CAPTURED_NVIDIA_SMI are read, where they exist.
     Raises TopologyError naming the file when a file that every Linux host has
     is missing or malformed; optional kernel knobs that are absent come back as None.
     """
@@ -151,6 +178,8 @@ def detect(root: str | Path = "/") -> Topology:
     package, core_of = _read_cpus(cpu_dir, online)
     memory_mb = _parse(proc_dir / "meminfo", _parse_mem_total_mb)
     nodes = _read_nodes(sys_dir, online, package, core_of, memory_mb)
+    if nvidia_smi is None:
+        nvidia_smi = _captured_nvidia_smi(Path(root))
     return {
         "schema": SCHEMA_VERSION,
         "cpu": cpu,
@@ -159,7 +188,7 @@ def detect(root: str | Path = "/") -> Topology:
         "memory_mb": memory_mb,
         "sockets": _sockets(nodes, package, core_of),
         "nodes": nodes,
-        "gpus": _read_gpus(sys_dir / "bus/pci/devices"),
+        "gpus": _read_gpus(sys_dir / "bus/pci/devices", online, nodes, nvidia_smi),
         "nics": _read_nics(sys_dir / "class/net"),
         "kernel": _read_kernel(sys_dir, proc_dir),
     }
@@ -181,9 +210,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=_run)
 
 
+def ask_nvidia_smi() -> dict[str, str] | None:
+    """What NVIDIA_SMI_QUERY and NVIDIA_SMI_TOPO print on this host, or None where
+    nvidia-smi is not installed or cannot answer (no driver loaded): detect() then leaves
+    the NVIDIA figures null."""
+    if shutil.which(NVIDIA_SMI_QUERY[0]) is None:
+        return None
+    answers = {}
+    for name, command in (("query", NVIDIA_SMI_QUERY), ("topo", NVIDIA_SMI_TOPO)):
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        answers[name] = done.stdout
+    return answers
+
+
+def detect_here(root: str | Path = "/") -> Topology:
+    """detect(), with nvidia-smi asked on the live host (root "/"): what the CLI and the
+    Ansible module both return."""
+    return detect(root, ask_nvidia_smi() if Path(root).resolve() == Path("/") else None)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
-        topology = detect(args.root)
+        topology = detect_here(args.root)
     except TopologyError as err:
         print(f"socketwise topology: error: {err}", file=sys.stderr)
         return 2
@@ -379,12 +430,15 @@ def _numa_node(device_dir: Path) -> int | None:
     return None if node is None or node < 0 else node
 
 
-def _read_gpus(pci_dir: Path) -> list[Gpu]:
+def _read_gpus(
+    pci_dir: Path, online: list[int], nodes: list[Node], nvidia_smi: dict[str, str] | None
+) -> list[Gpu]:
     """GPUs: display controllers (class 0x03xxxx) from NVIDIA, AMD and Intel, plus
     NVIDIA and AMD processing accelerators (0x1200xx: AMD Instinct MI300 reports
     itself that way; Intel's 0x1200 devices are client NPUs, not GPUs)."""
     if not pci_dir.is_dir():
         return []
+    told = _nvidia_figures(nvidia_smi)
     gpus: list[Gpu] = []
     for device in sorted(pci_dir.iterdir()):
         vendor = GPU_VENDORS.get(_read(device / "vendor").strip())
@@ -392,9 +446,93 @@ def _read_gpus(pci_dir: Path) -> list[Gpu]:
             continue
         pci_class = _parse(device / "class", lambda text: int(text, 16))
         accelerator = pci_class >> 8 == 0x1200 and vendor != "intel"
-        if pci_class >> 16 == 0x03 or accelerator:
-            gpus.append({"pci": device.name, "vendor": vendor, "numa_node": _numa_node(device)})
+        if pci_class >> 16 != 0x03 and not accelerator:
+            continue
+        local = _parse_optional(device / "local_cpulist", parse_cpulist)
+        local_cpus = None if local is None else sorted(set(local).intersection(online))
+        # amdgpu's own files; NVIDIA's driver has none, nvidia-smi says instead.
+        vram = _parse_optional(device / "mem_info_vram_total", int)
+        product = _parse_optional(device / "product_name", str.strip)
+        figures = told.get(device.name, {})
+        node = _numa_node(device)
+        gpus.append(
+            {
+                "pci": device.name,
+                "vendor": vendor,
+                "numa_node": _node_holding(local_cpus, nodes) if node is None else node,
+                "local_cpus": local_cpus,
+                "memory_mb": figures.get("memory_mb", vram // 2**20 if vram else None),
+                "name": figures.get("name", product or None),
+                "links": figures.get("links"),
+            }
+        )
     return gpus
+
+
+def _node_holding(cpus: list[int] | None, nodes: list[Node]) -> int | None:
+    """The one node whose CPUs include all of `cpus` (a device's local CPUs, where the
+    firmware gave no node), or None: no CPUs, or CPUs of several nodes."""
+    holding = [node["id"] for node in nodes if cpus and set(cpus) <= set(node["cpus"])]
+    return holding[0] if len(holding) == 1 else None
+
+
+def _captured_nvidia_smi(root: Path) -> dict[str, str] | None:
+    captured = {name: root / path for name, path in CAPTURED_NVIDIA_SMI.items()}
+    if not captured["query"].exists():
+        return None
+    return {name: _read(path) for name, path in captured.items() if path.exists()}
+
+
+def _sysfs_address(bus_id: str) -> str:
+    """nvidia-smi's "00000000:CA:00.0" as sysfs spells it: "0000:ca:00.0"."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    if not rest:
+        raise ValueError(f"PCI bus id {bus_id.strip()!r} has no domain")
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def _nvidia_figures(answers: dict[str, str] | None) -> dict[str, dict]:
+    """PCI address -> name, memory_mb and links, from nvidia-smi's answers (CSV rows of
+    NVIDIA_SMI_QUERY, in nvidia-smi's own order, which `topo -m` numbers GPU0, GPU1...)."""
+    if not answers:
+        return {}
+    figures: dict[str, dict] = {}
+    order: list[str] = []
+    for row in answers.get("query", "").splitlines():
+        if not row.strip():
+            continue
+        fields = [field.strip() for field in row.split(",")]
+        if len(fields) < 3:
+            raise TopologyError(f"nvidia-smi's answer {row!r}: not pci.bus_id, name, memory.total")
+        try:
+            address = _sysfs_address(fields[0])
+            memory = int(fields[-1]) if fields[-1].isdigit() else None
+        except ValueError as err:
+            raise TopologyError(f"nvidia-smi's answer {row!r}: {err}") from err
+        order.append(address)
+        figures[address] = {"name": ",".join(fields[1:-1]) or None, "memory_mb": memory}
+    for address, links in _nvidia_links(answers.get("topo", ""), order).items():
+        figures[address]["links"] = links
+    return figures
+
+
+def _nvidia_links(matrix: str, order: list[str]) -> dict[str, dict[str, str | None]]:
+    """`nvidia-smi topo -m`'s GPU rows: each GPU's path to every other one, by address."""
+    links: dict[str, dict[str, str | None]] = {}
+    for line in matrix.splitlines():
+        match = re.match(r"GPU(\d+)\s", line)
+        if match is None or int(match[1]) >= len(order):
+            continue
+        # The row's first columns are the GPUs, in the header's order; NIC and affinity
+        # columns follow.
+        cells = line.split()[1 : len(order) + 1]
+        row = order[int(match[1])]
+        links[row] = {
+            peer: cell if _LINK_KIND.fullmatch(cell) else None
+            for peer, cell in zip(order, cells, strict=False)
+            if peer != row
+        }
+    return links
 
 
 def _read_nics(net_dir: Path) -> list[Nic]:

@@ -8,6 +8,9 @@ short_description: Detect sockets, NUMA nodes, cores, ISA, memory, GPU and NIC l
 description:
   - Reads C(/sys) and C(/proc) under I(root) and returns the socketwise topology
     document (schema 1) as the fact C(socketwise_topology).
+  - On a live host (I(root) C(/)) with C(nvidia-smi), it also asks nvidia-smi for the
+    NVIDIA GPUs' name, memory and links; a captured tree keeps those answers under
+    C(socketwise/) below its root.
   - Read-only: changes nothing on the host, so check mode returns the same facts.
   - The document is the one C(socketwise topology) prints; its keys are listed in
     docs/reference/topology-schema.md.
@@ -44,7 +47,7 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise.facts.topology import TopologyError, detect
+from ansible.module_utils.socketwise.facts.topology import TopologyError, detect_here
 
 
 def main():
@@ -53,7 +56,7 @@ def main():
         supports_check_mode=True,
     )
     try:
-        facts = detect(module.params["root"])
+        facts = detect_here(module.params["root"])
     except TopologyError as exc:
         module.fail_json(msg=f"cannot read the topology under {module.params['root']}: {exc}")
     module.exit_json(changed=False, ansible_facts={"socketwise_topology": facts})
