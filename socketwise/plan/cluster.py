@@ -334,6 +334,7 @@ def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
         )  # fmt: skip
     split = ", ".join(f"{p['host']} {p['layers']['count']}" for p in plans)
     return {
+        "device": "cpu",
         "layout": "pp",
         "engine": request.engine,
         "reason": f"pp over {stages} host(s), layers by usable memory: {split}",

@@ -29,6 +29,8 @@ _FLAGS = {
     "topology": "--topology/--root",
     "port": "--port",
     "build_class": "--build-class",
+    "device": "--device",
+    "gpu_memory_gb": "--gpu-memory-gb",
     "layers": "--model-layers",
     "engine": "--engine",
     "stages": "--stages",
@@ -69,6 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--build-class", help="avx2, avx512, amx or zen instead of the detected class"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default) or gpu: what serves the model"
+    )
+    parser.add_argument(
+        "--gpu-memory-gb", type=float, help="each GPU's memory where the topology has none"
+    )
     cluster = parser.add_argument_group("clusters (several --topology, or --layout pp)")
     cluster.add_argument(
         "--model-layers", type=int, help="the model's layer count (where hosts split its layers)"
@@ -82,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     if args.layout == "pp" or len(args.topology or []) > 1:
+        if args.device != "cpu" or args.gpu_memory_gb is not None:
+            print(
+                "socketwise plan: error: --device: a plan over several hosts runs on their "
+                "CPUs; plan GPU hosts one at a time",
+                file=sys.stderr,
+            )
+            return 2
         return _run_cluster(args)
     try:
         topo = _load_topology(args)
@@ -99,6 +114,8 @@ def _run(args: argparse.Namespace) -> int:
                 split_nodes=args.split_nodes,
                 port=args.port,
                 build_class=args.build_class,
+                device=args.device,
+                gpu_memory_gb=args.gpu_memory_gb,
             ),
         )
     except PlanError as exc:
@@ -147,7 +164,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
 def _load_topology(args: argparse.Namespace) -> dict:
     if args.topology is None:
         try:
-            return topology.detect(args.root or "/")
+            return topology.detect_here(args.root or "/")
         except topology.TopologyError as exc:
             raise PlanError("topology", str(exc)) from exc
     return read_topology(args.topology[0])

@@ -40,6 +40,8 @@ from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
 
 LAYOUTS = ("sn", "tp", "dp", "auto")
 DP_MODES = ("instances", "vllm")
+# What serves: the CPUs (this module), or the GPUs (`gpu`, with the host side bound).
+DEVICES = ("cpu", "gpu")
 # Concurrent requests above which one replica per node beat one instance on the
 # field notes' 2x E5-2680 v4; a starting point only, `socketwise sweep` measures it.
 DEFAULT_CROSSOVER = 6.0
@@ -60,12 +62,15 @@ class PlanRequest:
     split_nodes: bool = False
     port: int = 8000
     build_class: str | None = None
+    device: str = "cpu"
+    gpu_memory_gb: float | None = None
 
     @classmethod
     def from_values(cls, **values: object) -> PlanRequest:
         """Build a request from loosely typed values (Ansible extra vars arrive as strings)."""
         kinds = {"ranks": int, "reserve_cores": int, "kv_gb": int, "port": int}
         kinds |= {"model_gb": float, "concurrency": float, "crossover": float}
+        kinds |= {"gpu_memory_gb": float}
         converted: dict[str, object] = {}
         for name, value in values.items():
             if name == "split_nodes":
@@ -268,10 +273,12 @@ MAX_SEQS_PER_RANK = 128
 def _check_numbers(request: PlanRequest) -> None:
     """Refuse numbers no plan can use, naming the input: negative or non-finite sizes and
     loads, rank counts below one, ports outside 1-65535."""
-    for name in ("model_gb", "concurrency", "crossover"):
+    for name in ("model_gb", "concurrency", "crossover", "gpu_memory_gb"):
         value = getattr(request, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise PlanError(name, f"{name.replace('_', ' ')} {value!r} must be a number >= 0")
+    if request.gpu_memory_gb is not None and request.device != "gpu":
+        raise PlanError("gpu_memory_gb", "GPU memory is for plans on GPUs", ["device gpu"])
     if request.ranks is not None and request.ranks < 1:
         raise PlanError("ranks", f"ranks {request.ranks} must be at least 1")
     if not 1 <= request.port <= MAX_PORT:
@@ -288,12 +295,21 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         raise PlanError(
             "dp_mode", f"unknown DP mode {request.dp_mode!r}", [f"dp mode {x}" for x in DP_MODES]
         )
+    if request.device not in DEVICES:
+        raise PlanError(
+            "device", f"unknown device {request.device!r}", [f"device {x}" for x in DEVICES]
+        )
     _check_numbers(request)
     nodes = cpu_nodes(topo)
     try:
         build_of_host = build(topo, request.build_class)
     except BuildRefused as exc:
         raise PlanError("build_class", str(exc)) from exc
+    if request.device == "gpu":
+        # The GPU planner builds on this module (its request, its plan's shape).
+        from .gpu import plan_gpus
+
+        return plan_gpus(topo, request, build_of_host)
     layout, ranks, reason = _decide(nodes, request)
     # Every layout sits behind the front door on the public port; the instances take the
     # ports after it, on a private address.
@@ -331,6 +347,32 @@ def plan(topo: dict, request: PlanRequest) -> dict:
                 _instance(f"vllm-dp{i}", port + 1 + i, [rank], 1, 1, kv)
                 for i, rank in enumerate(placed)
             ]
+    used = sorted({r["node"] for r in placed})
+    node_uses = [node_use(n, placed) for n in nodes if n.id in used]
+    reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
+    for instance in instances:
+        # The whole service may run on its ranks' CPUs and its nodes' reserved ones (API
+        # server, engine core); vLLM then pins each worker's threads to its rank's CPUs.
+        threads = {cpu for rank in instance["ranks"] for cpu in rank["cpus"]}
+        front = {cpu for node in instance["membind"] for cpu in reserved[node]}
+        instance["cpus_allowed"] = sorted(threads | front)
+    placement = (layout, dp_mode, reason, instances, node_uses)
+    return finish_plan(topo, request, build_of_host, *placement)
+
+
+def finish_plan(
+    topo: dict,
+    request: PlanRequest,
+    build_of_host: dict,
+    layout: str,
+    dp_mode: str | None,
+    reason: str,
+    instances: list[dict],
+    node_uses: list[dict],
+) -> dict:
+    """The plan document around placed instances, on CPUs or GPUs alike: every instance
+    behind the front door on the public port, the host's class and build."""
+    port = request.port
     highest = max(i["port"] for i in instances)
     if highest > MAX_PORT:
         raise PlanError(
@@ -344,16 +386,8 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         "balance": "leastconn",
         "backends": [i["port"] for i in instances],
     }
-    used = sorted({r["node"] for r in placed})
-    node_uses = [_node_use(n, placed) for n in nodes if n.id in used]
-    reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
-    for instance in instances:
-        # The whole service may run on its ranks' CPUs and its nodes' reserved ones (API
-        # server, engine core); vLLM then pins each worker's threads to its rank's CPUs.
-        threads = {cpu for rank in instance["ranks"] for cpu in rank["cpus"]}
-        front = {cpu for node in instance["membind"] for cpu in reserved[node]}
-        instance["cpus_allowed"] = sorted(threads | front)
     return {
+        "device": request.device,
         "layout": layout,
         "dp_mode": dp_mode,
         "reason": reason,
@@ -368,7 +402,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     }
 
 
-def _node_use(node: Node, placed: list[dict]) -> dict:
+def node_use(node: Node, placed: list[dict]) -> dict:
     """Which CPUs of a serving node infer and which are left to the OS (IRQs go there)."""
     inference = sorted(core[0] for r in placed if r["node"] == node.id for core in r["cores"])
     serving = {cpu for r in placed if r["node"] == node.id for core in r["cores"] for cpu in core}
