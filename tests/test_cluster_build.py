@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from socketwise.build import ggufmodel, llamacpp
+from socketwise.plan import modelfile
 from socketwise.serve.unitvalues import cluster_value_errors
 from socketwise.serve.verify import check_pinned
 
@@ -131,7 +132,7 @@ def test_the_gguf_is_written_once_per_checkpoint_and_described_for_the_plan(tmp_
     out = ggufmodel.convert(tmp_path / "model", tmp_path / "model.gguf")
     written = out.stat().st_mtime_ns
     assert ggufmodel.convert(tmp_path / "model", out).stat().st_mtime_ns == written
-    described = ggufmodel.info(out)
+    described = modelfile.describe(out)
     assert described["layers"] == LAYERS and described["path"] == str(out.resolve())
     assert described["gb"] == round(out.stat().st_size / 2**30, 3)
     # One token of llama-server's f16 cache: a key and a value per KV head in every layer.
@@ -161,9 +162,9 @@ def test_what_llama_cpp_could_not_serve_is_refused_with_the_reason(tmp_path, cha
     if change == "f64":
         raw = (tmp_path / "model" / "model.safetensors").read_bytes()
         (tmp_path / "model" / "model.safetensors").write_bytes(raw.replace(b'"BF16"', b'"F64" ', 1))
-    with pytest.raises(ggufmodel.ConvertError, match=words):
+    with pytest.raises(modelfile.GgufError, match=words):
         if change == "not-gguf":
-            ggufmodel.info(tmp_path / "model" / "config.json")
+            modelfile.describe(tmp_path / "model" / "config.json")
         else:
             ggufmodel.convert(tmp_path / "model", tmp_path / "model.gguf")
     assert not (tmp_path / "model.gguf").exists()

@@ -136,7 +136,9 @@ def test_the_hybrid_host_serves_a_model_its_gpu_holds_on_the_gpus_socket(gpu_pla
             {"model_gb": 400},
             "model_gb",
             "model 400 GB fits no group of the 1 GPU(s) (48 GB each, 90% of it for vLLM, at "
-            "least 10% left for the KV cache): serve it over several hosts (--layout pp)",
+            "least 10% left for the KV cache): serve a mixture of experts with its experts in "
+            "system memory (--layout hybrid, with --expert-gb and --model-layers, or --gguf), "
+            "or any model over several hosts (--layout pp)",
         ),
         (
             "dgx-h100",

@@ -52,7 +52,7 @@ FIREWALL = [
     ("socketwise-cluster-firewall.service.j2", "socketwise-cluster-firewall.service"),
 ]
 FIREWALL_CAP = ("256M", "16")
-# llama.cpp's cluster model, as socketwise.build.ggufmodel.info reports a GGUF: 32 layers
+# llama.cpp's cluster model, as socketwise.plan.modelfile.describe reports a GGUF: 32 layers
 # of 8 KV heads of 128, f16 keys and values.
 GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
 GGUF_KV_BYTES_PER_TOKEN = 32 * 8 * (128 + 128) * 2

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from socketwise.common.files import sha256
+from socketwise.plan.modelfile import GgufError, describe
 
 SOURCE_KEY = "socketwise.source_sha256"
 _LAYER_NAMES = {
@@ -51,7 +52,7 @@ _TOP_NAMES = {
 _DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
 
 
-class ConvertError(ValueError):
+class ConvertError(GgufError):
     pass
 
 
@@ -183,56 +184,6 @@ def convert(model_dir: Path, out: Path) -> Path:
     return out
 
 
-def info(path: Path) -> dict:
-    """What the cluster planner needs of a GGUF file: its path, layers and size in GB."""
-    import gguf
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConvertError(f"{path}: no such file")
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, struct.error) as exc:
-        raise ConvertError(f"{path}: not a GGUF file ({exc})") from exc
-    arch = reader.get_field("general.architecture")
-    blocks = reader.get_field(f"{arch.contents()}.block_count") if arch else None
-    if blocks is None:
-        raise ConvertError(f"{path}: no block count (general.architecture and its block_count)")
-    layers = int(blocks.contents())
-    return {
-        "path": str(path.resolve()),
-        "layers": layers,
-        "gb": round(path.stat().st_size / 2**30, 3),
-        "kv_bytes_per_token": _kv_bytes_per_token(reader, arch.contents(), layers),
-    }
-
-
-def _kv_bytes_per_token(reader, arch: str, layers: int) -> int:
-    """What one token of llama.cpp's KV cache takes over every layer: a key and a value per
-    KV head, f16 (llama-server's default cache type). A field the file lacks takes
-    llama.cpp's default (KV heads: the heads; key and value length: embedding / heads);
-    a per-layer head count is summed. Sizes the cluster's units (socketwise.serve.limits)."""
-
-    def field(key: str):
-        found = reader.get_field(f"{arch}.{key}")
-        return None if found is None else found.contents()
-
-    embedding = int(field("embedding_length") or 0)
-    heads = field("attention.head_count") or 1
-    kv_heads = field("attention.head_count_kv") or heads
-    if not isinstance(heads, list):
-        heads = [heads] * layers
-    if not isinstance(kv_heads, list):
-        kv_heads = [kv_heads] * layers
-    per_token = 0
-    for layer_heads, layer_kv_heads in zip(heads, kv_heads, strict=True):
-        head_dim = embedding // max(int(layer_heads), 1)
-        key = int(field("attention.key_length") or head_dim)
-        value = int(field("attention.value_length") or head_dim)
-        per_token += int(layer_kv_heads) * (key + value)
-    return 2 * per_token
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m socketwise.build.ggufmodel",
@@ -246,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.info and not (args.model_dir and args.out):
         parser.error("give MODEL_DIR OUT, or --info GGUF")
     try:
-        print(json.dumps(info(args.info or convert(args.model_dir, args.out))))
-    except (ConvertError, OSError, KeyError) as exc:
+        print(json.dumps(describe(args.info or convert(args.model_dir, args.out))))
+    except (GgufError, OSError, KeyError) as exc:
         print(f"socketwise: {exc}", file=sys.stderr)
         return 1
     return 0

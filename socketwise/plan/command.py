@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..facts import topology
+from . import modelfile
 from .cluster import ClusterRequest, plan_hosts
 from .nodes import PlanError, read_topology
 from .planner import PlanRequest, plan
@@ -31,6 +32,9 @@ _FLAGS = {
     "build_class": "--build-class",
     "device": "--device",
     "gpu_memory_gb": "--gpu-memory-gb",
+    "expert_gb": "--expert-gb",
+    "dense_layers": "--gguf",
+    "gguf": "--gguf",
     "layers": "--model-layers",
     "engine": "--engine",
     "stages": "--stages",
@@ -54,7 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "head first, plan a cluster (its file names name the hosts)",
     )
     source.add_argument("--root", default=None, help="detect from this root instead (default /)")
-    parser.add_argument("--layout", default="auto", help="sn, tp, dp, pp or auto (default auto)")
+    parser.add_argument(
+        "--layout", default="auto", help="sn, tp, dp, pp, hybrid or auto (default auto)"
+    )
     parser.add_argument("--ranks", type=int, help="TP or DP ranks (default: one per node)")
     parser.add_argument("--model-gb", type=float, default=0.0, help="weight size in GB")
     parser.add_argument("--reserve-cores", type=int, help="cores per node left to the OS")
@@ -77,9 +83,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--gpu-memory-gb", type=float, help="each GPU's memory where the topology has none"
     )
+    parser.add_argument(
+        "--expert-gb", type=float, help="hybrid: the routed experts' share of --model-gb"
+    )
+    parser.add_argument(
+        "--gguf",
+        type=Path,
+        help="read --model-gb, --model-layers and --expert-gb from this GGUF file",
+    )
     cluster = parser.add_argument_group("clusters (several --topology, or --layout pp)")
     cluster.add_argument(
-        "--model-layers", type=int, help="the model's layer count (where hosts split its layers)"
+        "--model-layers",
+        type=int,
+        help="the model's layer count (where hosts split its layers; hybrid)",
     )
     cluster.add_argument("--engine", default="vllm", help="vllm (default) or llamacpp")
     cluster.add_argument("--stages", type=int, help="hosts the pipeline uses (default all)")
@@ -100,12 +116,13 @@ def _run(args: argparse.Namespace) -> int:
         return _run_cluster(args)
     try:
         topo = _load_topology(args)
+        model = _read_gguf(args.gguf) if args.gguf else {}
         result = plan(
             topo,
             PlanRequest(
                 layout=args.layout,
                 ranks=args.ranks,
-                model_gb=args.model_gb,
+                model_gb=args.model_gb or model.get("gb", 0.0),
                 reserve_cores=args.reserve_cores,
                 kv_gb=args.kv_gb,
                 concurrency=args.concurrency,
@@ -116,6 +133,9 @@ def _run(args: argparse.Namespace) -> int:
                 build_class=args.build_class,
                 device=args.device,
                 gpu_memory_gb=args.gpu_memory_gb,
+                expert_gb=args.expert_gb if args.expert_gb is not None else model.get("expert_gb"),
+                layers=args.model_layers or model.get("layers"),
+                dense_layers=model.get("dense_layers", 0),
             ),
         )
     except PlanError as exc:
@@ -159,6 +179,14 @@ def _run_cluster(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(result, indent=2))
     return 0
+
+
+def _read_gguf(path: Path) -> dict:
+    """A GGUF file's size, layers and experts (the hybrid layout's figures)."""
+    try:
+        return modelfile.describe(path)
+    except (modelfile.GgufError, OSError) as exc:
+        raise PlanError("gguf", str(exc)) from exc
 
 
 def _load_topology(args: argparse.Namespace) -> dict:

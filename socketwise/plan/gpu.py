@@ -148,7 +148,9 @@ def _no_group(gpus: list[Gpu], request: PlanRequest) -> PlanError:
         "model_gb",
         f"model {request.model_gb:g} GB fits no group of the {len(gpus)} GPU(s) "
         f"({smallest:.0f} GB each, {GPU_MEMORY_UTILIZATION:.0%} of it for vLLM, at least "
-        f"{KV_FLOOR:.0%} left for the KV cache): serve it over several hosts (--layout pp)",
+        f"{KV_FLOOR:.0%} left for the KV cache): serve a mixture of experts with its experts "
+        "in system memory (--layout hybrid, with --expert-gb and --model-layers, or --gguf), "
+        "or any model over several hosts (--layout pp)",
     )
 
 
@@ -250,7 +252,7 @@ def _cores(nodes: dict[int, Node], ranks: dict[int, int], request: PlanRequest) 
     return shares
 
 
-def _indices(gpus: list[Gpu]) -> dict[str, int]:
+def indices(gpus: list[Gpu]) -> dict[str, int]:
     """Each GPU's index in PCI bus order among the host's GPUs of its vendor."""
     seen: dict[str, int] = {}
     indices = {}
@@ -280,9 +282,46 @@ def _kv(group: tuple[Gpu, ...], request: PlanRequest) -> int:
 
 
 def plan_gpus(topo: dict, request: PlanRequest, build_of_host: dict) -> dict:
-    """Place vLLM on the GPUs of the host described by `topo` (see the module's rules)."""
+    """Place vLLM on the GPUs of the host described by `topo` (see the module's rules), or
+    llama.cpp on a GPU and the CPUs (`hybrid`)."""
+    # The hybrid planner builds on this module (its GPUs, their sizes).
+    from .hybrid import fits, plan_hybrid
+
     nodes = {node.id: node for node in cpu_nodes(topo)}
     gpus = _gpus(topo, request)
+    alone = _smallest_group(gpus, request.model_gb) is not None
+    auto = request.layout == "auto" and request.ranks is None
+    if request.layout == "hybrid" and request.ranks not in (None, 1):
+        raise PlanError("ranks", "a hybrid plan is one llama.cpp server, on one GPU: no ranks")
+    if request.layout == "hybrid" or (
+        auto and not alone and fits(list(nodes.values()), gpus, request)
+    ):
+        placed, instance, hybrid, reason = plan_hybrid(list(nodes.values()), gpus, request)
+        if request.layout == "auto":
+            reason = (
+                f"auto: model {request.model_gb:g} GB fits no group of the GPUs, but one GPU "
+                f"and system memory together; {reason}"
+            )
+        cpus = [cpu for rank in instance["ranks"] for cpu in rank["cpus"]]
+        instance = (
+            {
+                "name": "llamacpp-hybrid",
+                "port": request.port + 1,
+                "tp": 1,
+                "data_parallel": 1,
+                "ranks": instance["ranks"],
+                "omp_threads_bind": "|".join(
+                    ",".join(map(str, rank["cpus"])) for rank in instance["ranks"]
+                ),
+            }
+            | instance
+            | {"cpus_allowed": sorted(cpus)}
+        )
+        node_uses = [node_use(nodes[rank["node"]], placed) for rank in placed]
+        planned = finish_plan(
+            topo, request, build_of_host, "hybrid", None, reason, [instance], node_uses
+        )
+        return planned | {"hybrid": hybrid}
     layout, size, count, reason = _decide(gpus, request)
     groups = _groups(gpus, size, count)
     reason += _where(groups)
@@ -292,7 +331,7 @@ def plan_gpus(topo: dict, request: PlanRequest, build_of_host: dict) -> dict:
             on_node[gpu.node] = on_node.get(gpu.node, 0) + 1
     shares = _cores(nodes, on_node, request)
     taken = dict.fromkeys(shares, 0)
-    indices = _indices(gpus)
+    numbered = indices(gpus)
     placed, instances = [], []
     for group in groups:
         ranks = []
@@ -313,7 +352,7 @@ def plan_gpus(topo: dict, request: PlanRequest, build_of_host: dict) -> dict:
                 "kvcache_gb": _kv(group, request),
                 "max_connections": _max_seqs(group[0]),
                 "gpus": [gpu.pci for gpu in group],
-                "cuda_visible_devices": ",".join(str(indices[gpu.pci]) for gpu in group),
+                "cuda_visible_devices": ",".join(str(numbered[gpu.pci]) for gpu in group),
             }
         )
     if layout == "dp" and request.dp_mode == "vllm":

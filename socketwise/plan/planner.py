@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .hwclass import BuildRefused, build, hardware_class
 from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
 
-LAYOUTS = ("sn", "tp", "dp", "auto")
+LAYOUTS = ("sn", "tp", "dp", "auto", "hybrid")
 DP_MODES = ("instances", "vllm")
 # What serves: the CPUs (this module), or the GPUs (`gpu`, with the host side bound).
 DEVICES = ("cpu", "gpu")
@@ -64,13 +64,18 @@ class PlanRequest:
     build_class: str | None = None
     device: str = "cpu"
     gpu_memory_gb: float | None = None
+    # A mixture of experts (the hybrid layout): the routed experts' share of model_gb, the
+    # layer count, and the layers before the first that has experts.
+    expert_gb: float | None = None
+    layers: int | None = None
+    dense_layers: int = 0
 
     @classmethod
     def from_values(cls, **values: object) -> PlanRequest:
         """Build a request from loosely typed values (Ansible extra vars arrive as strings)."""
         kinds = {"ranks": int, "reserve_cores": int, "kv_gb": int, "port": int}
         kinds |= {"model_gb": float, "concurrency": float, "crossover": float}
-        kinds |= {"gpu_memory_gb": float}
+        kinds |= {"gpu_memory_gb": float, "expert_gb": float, "layers": int, "dense_layers": int}
         converted: dict[str, object] = {}
         for name, value in values.items():
             if name == "split_nodes":
@@ -273,14 +278,18 @@ MAX_SEQS_PER_RANK = 128
 def _check_numbers(request: PlanRequest) -> None:
     """Refuse numbers no plan can use, naming the input: negative or non-finite sizes and
     loads, rank counts below one, ports outside 1-65535."""
-    for name in ("model_gb", "concurrency", "crossover", "gpu_memory_gb"):
+    for name in ("model_gb", "concurrency", "crossover", "gpu_memory_gb", "expert_gb"):
         value = getattr(request, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise PlanError(name, f"{name.replace('_', ' ')} {value!r} must be a number >= 0")
     if request.gpu_memory_gb is not None and request.device != "gpu":
         raise PlanError("gpu_memory_gb", "GPU memory is for plans on GPUs", ["device gpu"])
-    if request.ranks is not None and request.ranks < 1:
-        raise PlanError("ranks", f"ranks {request.ranks} must be at least 1")
+    for name in ("ranks", "layers"):
+        value = getattr(request, name)
+        if value is not None and value < 1:
+            raise PlanError(name, f"{name} {value} must be at least 1")
+    if request.dense_layers < 0:
+        raise PlanError("dense_layers", f"dense layers {request.dense_layers} must be >= 0")
     if not 1 <= request.port <= MAX_PORT:
         raise PlanError("port", f"port {request.port} is not in 1-{MAX_PORT}")
 
@@ -299,6 +308,9 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         raise PlanError(
             "device", f"unknown device {request.device!r}", [f"device {x}" for x in DEVICES]
         )
+    if request.layout == "hybrid":
+        # It keeps the dense weights on a GPU.
+        request = replace(request, device="gpu")
     _check_numbers(request)
     nodes = cpu_nodes(topo)
     try:
