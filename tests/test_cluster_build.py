@@ -144,6 +144,30 @@ def test_the_gguf_is_written_once_per_checkpoint_and_described_for_the_plan(tmp_
     assert ggufmodel.convert(tmp_path / "model", out).stat().st_mtime_ns != written
 
 
+def test_a_mixture_of_experts_is_the_dense_feed_forward_copied_behind_a_flat_router(tmp_path):
+    weights = write_checkpoint(tmp_path / "model")
+    out = ggufmodel.convert(tmp_path / "model", tmp_path / "moe.gguf", experts=4)
+    reader = gguf.GGUFReader(out)
+    assert (_field(reader, "llama.expert_count"), _field(reader, "llama.expert_used_count")) == (
+        4, 2
+    )  # fmt: skip
+    tensors = {t.name: t for t in reader.tensors}
+    assert "blk.0.ffn_up.weight" not in tensors
+    # Every expert is the layer's own feed-forward; the router's logits are all zero.
+    up = np.asarray(tensors["blk.1.ffn_up_exps.weight"].data).reshape(4, FF, HIDDEN)
+    for expert in up:
+        np.testing.assert_array_equal(expert, weights["model.layers.1.mlp.up_proj.weight"])
+    router = tensors["blk.1.ffn_gate_inp.weight"]
+    assert list(router.shape) == [HIDDEN, 4] and not np.asarray(router.data).any()
+    # Experts from the first layer on, for the planner.
+    assert modelfile.describe(out)["dense_layers"] == 0
+    # The dense file written at the same path first is replaced, not taken for it.
+    dense = ggufmodel.convert(tmp_path / "model", tmp_path / "same.gguf")
+    assert modelfile.describe(dense)["dense_layers"] == LAYERS
+    ggufmodel.convert(tmp_path / "model", dense, experts=4)
+    assert modelfile.describe(dense)["dense_layers"] == 0
+
+
 @pytest.mark.parametrize(
     ("change", "words"),
     [

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ _TOP_NAMES = {
     "lm_head.weight": "output.weight",
 }
 _DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
+_FEED_FORWARD = re.compile(r"\.ffn_(gate|up|down)\.weight$")
 
 
 class ConvertError(GgufError):
@@ -114,15 +116,19 @@ def _vocabulary(model_dir: Path) -> tuple[list[str], list[int], list[str], dict]
     return tokens, types, merges, config
 
 
-def convert(model_dir: Path, out: Path) -> Path:
-    """Write OUT from MODEL_DIR unless OUT already came from the same checkpoint."""
+def convert(model_dir: Path, out: Path, experts: int = 0) -> Path:
+    """Write OUT from MODEL_DIR unless OUT already came from the same checkpoint (and the
+    same `experts`). With `experts`, OUT is a mixture of experts as llama.cpp runs
+    Mixtral: every layer's feed-forward becomes that many copies of itself behind a router
+    of zeros, which picks two with equal weights, so the model answers exactly as the
+    dense one does; the hybrid layout's lab model, whose experts --n-cpu-moe places."""
     import gguf  # the controller's venv; imported here so the module lists without it
 
     model_dir, out = Path(model_dir), Path(out)
     weights = model_dir / "model.safetensors"
     if not weights.is_file():
         raise ConvertError(f"{model_dir}: no model.safetensors (one-file checkpoints only)")
-    source = sha256(weights)
+    source = sha256(weights) + (f"+{experts}-experts" if experts else "")
     if out.is_file():
         field = gguf.GGUFReader(out).get_field(SOURCE_KEY)
         if field is not None and field.contents() == source:
@@ -153,6 +159,9 @@ def convert(model_dir: Path, out: Path) -> Path:
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(len(tokens))
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(min(2, experts))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
@@ -175,7 +184,15 @@ def convert(model_dir: Path, out: Path) -> Path:
             tensor = permute(tensor, heads)
         elif name.endswith("k_proj.weight"):
             tensor = permute(tensor, kv_heads)
-        writer.add_tensor(gguf_name(name), np.ascontiguousarray(tensor))
+        named = gguf_name(name)
+        if experts and _FEED_FORWARD.search(named):
+            # blk.N.ffn_up.weight -> blk.N.ffn_up_exps.weight, one copy per expert.
+            named = named.replace(".weight", "_exps.weight")
+            tensor = np.stack([tensor] * experts)
+            if named.endswith("ffn_up_exps.weight"):
+                router = named.replace("ffn_up_exps", "ffn_gate_inp")
+                writer.add_tensor(router, np.zeros((experts, tensor.shape[2]), np.float32))
+        writer.add_tensor(named, np.ascontiguousarray(tensor))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -193,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model_dir", type=Path, nargs="?")
     parser.add_argument("out", type=Path, nargs="?")
     parser.add_argument("--info", type=Path, metavar="GGUF")
+    parser.add_argument(
+        "--experts", type=int, default=0, help="write a mixture of this many experts per layer"
+    )
     args = parser.parse_args(argv)
     if not args.info and not (args.model_dir and args.out):
         parser.error("give MODEL_DIR OUT, or --info GGUF")
     try:
-        print(json.dumps(describe(args.info or convert(args.model_dir, args.out))))
+        print(json.dumps(describe(args.info or convert(args.model_dir, args.out, args.experts))))
     except (GgufError, OSError, KeyError) as exc:
         print(f"socketwise: {exc}", file=sys.stderr)
         return 1
