@@ -146,6 +146,29 @@ def nvidia_smi_answers(gpus: list[tuple[str, str, int, str, int]], links: list[l
     return {"query": query, "topo": "\n".join([header, *rows, legend])}
 
 
+def nvidia_gpus(
+    name: str,
+    mib: int,
+    gpus: list[tuple[str, str, int]],
+    affinity: list[str],
+    link: Callable[[int, int], str],
+    nodeless: frozenset[str] | set[str] = frozenset(),
+) -> dict:
+    """`pci` and `nvidia_smi` for a Machine of NVIDIA GPUs of one model: each GPU as (the
+    path of the port above it, its bus, its node), `affinity` each node's CPUs (the GPUs'
+    local CPUs), link(a, b) the path between GPUs a and b; GPUs whose bus is in `nodeless`
+    get no node from the firmware (-1)."""
+    devices = tuple(
+        Pci(f"{port}/0000:{bus}:00.0", "0x030200", "0x10de",
+            -1 if bus in nodeless else node, affinity[node])
+        for port, bus, node in gpus
+    )  # fmt: skip
+    answers = [
+        (f"00000000:{bus.upper()}:00.0", name, mib, affinity[node], node) for _, bus, node in gpus
+    ]
+    return {"pci": devices, "nvidia_smi": nvidia_smi_answers(answers, link_matrix(len(gpus), link))}
+
+
 def link_matrix(count: int, link: Callable[[int, int], str]) -> list[list[str]]:
     """The links matrix with link(a, b) between GPUs a and b."""
     return [["X" if a == b else link(a, b) for b in range(count)] for a in range(count)]
@@ -292,22 +315,15 @@ MACHINES: dict[str, Machine] = {
         flags=ICELAKE_FLAGS,
         cores=[(c // 32, c // 32, (c, c + 64)) for c in range(64)],
         **_two_nodes(256),
-        pci=tuple(
-            Pci(
-                f"pci0000:{bus}/0000:{bus}:02.0/0000:{gpu}:00.0",
-                "0x030200",
-                "0x10de",
-                0,
-                "0-31,64-95",
-            )
-            for bus, gpu in (("16", "17"), ("30", "31"))
-        ),
-        nvidia_smi=nvidia_smi_answers(
+        **nvidia_gpus(
+            "NVIDIA A100 80GB PCIe",
+            81920,
             [
-                (f"00000000:{gpu}:00.0", "NVIDIA A100 80GB PCIe", 81920, "0-31,64-95", 0)
-                for gpu in ("17", "31")
+                (f"pci0000:{bus}/0000:{bus}:02.0", gpu, 0)
+                for bus, gpu in (("16", "17"), ("30", "31"))
             ],
-            link_matrix(2, lambda a, b: "NODE"),
+            ["0-31,64-95"],
+            lambda a, b: "NODE",
         ),
     ),
     # An 8-GPU NVLink box (DGX H100): four H100s on each socket, every pair 18 NVLinks apart.
@@ -319,32 +335,19 @@ MACHINES: dict[str, Machine] = {
         flags=SAPPHIRE_RAPIDS_FLAGS,
         cores=[(c // 56, c // 56, (c, c + 112)) for c in range(112)],
         **_two_nodes(1024),
-        pci=tuple(
-            Pci(
-                f"pci0000:{int(gpu, 16) - 1:02x}/0000:{int(gpu, 16) - 1:02x}:01.0/0000:{gpu}:00.0",
-                "0x030200",
-                "0x10de",
-                node,
-                "0-55,112-167" if node == 0 else "56-111,168-223",
-            )
-            for gpu, node in DGX_GPUS
-        ),
-        nvidia_smi=nvidia_smi_answers(
+        **nvidia_gpus(
+            "NVIDIA H100 80GB HBM3",
+            81559,
             [
-                (
-                    f"00000000:{gpu.upper()}:00.0",
-                    "NVIDIA H100 80GB HBM3",
-                    81559,
-                    "0-55,112-167" if node == 0 else "56-111,168-223",
-                    node,
-                )
+                (f"pci0000:{int(gpu, 16) - 1:02x}/0000:{int(gpu, 16) - 1:02x}:01.0", gpu, node)
                 for gpu, node in DGX_GPUS
             ],
-            link_matrix(8, lambda a, b: "NV18"),
+            ["0-55,112-167", "56-111,168-223"],
+            lambda a, b: "NV18",
         ),
     ),
     # PCIe only: two L40S behind one switch on each socket (PIX within a pair, SYS across
-    # sockets). The firmware gives one of them no node: its local CPUs say node 1.
+    # sockets). The firmware gives one of them (82:00.0) no node: its local CPUs say node 1.
     "pcie-4gpu": Machine(
         vendor="AuthenticAMD",
         model_name="AMD EPYC 9354 32-Core Processor",
@@ -353,29 +356,20 @@ MACHINES: dict[str, Machine] = {
         flags=GENOA_FLAGS,
         cores=[(c // 32, c // 32, (c, c + 64)) for c in range(64)],
         **_two_nodes(384, remote=32),
-        pci=tuple(
-            Pci(
-                f"pci0000:{root}/0000:{root}:01.1/0000:{switch}:00.0/0000:{switch}:{slot}.0"
-                f"/0000:{gpu}:00.0",
-                "0x030200",
-                "0x10de",
-                -1 if gpu == "82" else node,
-                "0-31,64-95" if node == 0 else "32-63,96-127",
-            )
-            for root, switch, slot, gpu, node in PCIE_4GPU
-        ),
-        nvidia_smi=nvidia_smi_answers(
+        **nvidia_gpus(
+            "NVIDIA L40S",
+            46068,
             [
                 (
-                    f"00000000:{gpu.upper()}:00.0",
-                    "NVIDIA L40S",
-                    46068,
-                    "0-31,64-95" if node == 0 else "32-63,96-127",
+                    f"pci0000:{root}/0000:{root}:01.1/0000:{switch}:00.0/0000:{switch}:{slot}.0",
+                    gpu,
                     node,
                 )
-                for _, _, _, gpu, node in PCIE_4GPU
-            ],
-            link_matrix(4, lambda a, b: "PIX" if a // 2 == b // 2 else "SYS"),
+                for root, switch, slot, gpu, node in PCIE_4GPU
+            ],  # fmt: skip
+            ["0-31,64-95", "32-63,96-127"],
+            lambda a, b: "PIX" if a // 2 == b // 2 else "SYS",
+            nodeless={"82"},
         ),
     ),
     # The hybrid MoE study's host: 2x EPYC 9554 with one 48 GB GPU, on socket 0.
@@ -387,18 +381,12 @@ MACHINES: dict[str, Machine] = {
         flags=GENOA_FLAGS,
         cores=[(c // 64, c // 64, (c, c + 128)) for c in range(128)],
         **_two_nodes(384, remote=32),
-        pci=(
-            Pci(
-                "pci0000:40/0000:40:01.1/0000:41:00.0",
-                "0x030000",
-                "0x10de",
-                0,
-                "0-63,128-191",
-            ),
-        ),
-        nvidia_smi=nvidia_smi_answers(
-            [("00000000:41:00.0", "NVIDIA RTX 6000 Ada Generation", 49140, "0-63,128-191", 0)],
-            link_matrix(1, lambda a, b: "SYS"),
+        **nvidia_gpus(
+            "NVIDIA RTX 6000 Ada Generation",
+            49140,
+            [("pci0000:40/0000:40:01.1", "41", 0)],
+            ["0-63,128-191"],
+            lambda a, b: "SYS",
         ),
     ),
     # AMD GPUs: amdgpu tells memory and name in sysfs (no nvidia-smi).

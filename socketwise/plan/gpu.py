@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 
 from .nodes import Node, PlanError, cpu_nodes, reserve_for
-from .planner import MIN_KV_GB, PlanRequest, finish_plan, node_use
+from .planner import MIN_KV_GB, PlanRequest, finish_plan, node_use, refuse_ranks_with_auto
 
 GPU_MEMORY_UTILIZATION = 0.9
 KV_FLOOR = 0.1
@@ -159,13 +159,7 @@ def _decide(gpus: list[Gpu], request: PlanRequest) -> tuple[str, int, int, str]:
     count, size = len(gpus), _smallest_group(gpus, request.model_gb)
     model = f"model {request.model_gb:g} GB"
     if request.layout == "auto":
-        if request.ranks is not None:
-            raise PlanError(
-                "ranks",
-                f"layout auto chooses the group size itself, so {request.ranks} ranks would "
-                "be ignored: drop the ranks, or choose the layout",
-                [f"layout tp ranks {request.ranks}", f"layout dp ranks {request.ranks}"],
-            )
+        refuse_ranks_with_auto(request)
         if size is None:
             raise _no_group(gpus, request)
         groups = count // size

@@ -211,11 +211,8 @@ def _smallest_tp(nodes: list[Node], model_gb: float) -> int | None:
     return None
 
 
-def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, str]:
-    """Resolve `auto` into (layout, ranks, reason)."""
-    size = f"model {request.model_gb:g} GB"
-    if request.layout != "auto":
-        return request.layout, request.ranks, f"layout {request.layout} requested"
+def refuse_ranks_with_auto(request: PlanRequest) -> None:
+    """`auto` chooses the ranks (or GPUs) itself: ranks given with it would be ignored."""
     if request.ranks is not None:
         raise PlanError(
             "ranks",
@@ -223,6 +220,14 @@ def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, s
             "ignored: drop the ranks, or choose the layout",
             [f"layout tp ranks {request.ranks}", f"layout dp ranks {request.ranks}"],
         )
+
+
+def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, str]:
+    """Resolve `auto` into (layout, ranks, reason)."""
+    size = f"model {request.model_gb:g} GB"
+    if request.layout != "auto":
+        return request.layout, request.ranks, f"layout {request.layout} requested"
+    refuse_ranks_with_auto(request)
     if not _fits_one_node(nodes, request.model_gb):
         tp = _smallest_tp(nodes, request.model_gb)
         if tp is None:
