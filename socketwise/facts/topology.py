@@ -41,7 +41,7 @@ GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 _CPULIST_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _MEM_TOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s*(\d+) kB\s*$", re.MULTILINE)
-# How `nvidia-smi topo -m` names the path between two GPUs, nearest first.
+# The paths between two GPUs that `nvidia-smi topo -m` names (its legend).
 _LINK_KIND = re.compile(r"NV\d+|PIX|PXB|PHB|NODE|SYS")
 
 # What nvidia-smi tells about NVIDIA GPUs that sysfs does not (name, memory, links). A live

@@ -32,7 +32,14 @@ import re
 from dataclasses import dataclass
 
 from .nodes import Node, PlanError, cpu_nodes, reserve_for
-from .planner import MIN_KV_GB, PlanRequest, finish_plan, node_use, refuse_ranks_with_auto
+from .planner import (
+    MIN_KV_GB,
+    PlanRequest,
+    finish_plan,
+    node_use,
+    refuse_ranks_with_auto,
+    threads_bind,
+)
 
 GPU_MEMORY_UTILIZATION = 0.9
 KV_FLOOR = 0.1
@@ -249,11 +256,27 @@ def _cores(nodes: dict[int, Node], ranks: dict[int, int], request: PlanRequest) 
 def indices(gpus: list[Gpu]) -> dict[str, int]:
     """Each GPU's index in PCI bus order among the host's GPUs of its vendor."""
     seen: dict[str, int] = {}
-    indices = {}
+    numbered = {}
     for gpu in gpus:
-        indices[gpu.pci] = seen.get(gpu.vendor, 0)
-        seen[gpu.vendor] = indices[gpu.pci] + 1
-    return indices
+        numbered[gpu.pci] = seen.get(gpu.vendor, 0)
+        seen[gpu.vendor] = numbered[gpu.pci] + 1
+    return numbered
+
+
+def finish_instances(instances: list[dict], names: list[str], port: int) -> list[dict]:
+    """GPU instances named, on the ports after the front door's, with their ranks' bind
+    string and CPUs, in the CPU plan's key order (the GPU keys after)."""
+    finished = []
+    for position, (name, instance) in enumerate(zip(names, instances, strict=True)):
+        cpus = sorted(cpu for rank in instance["ranks"] for cpu in rank["cpus"])
+        finished.append(
+            {"name": name, "port": port + 1 + position, "tp": instance["tp"],
+             "data_parallel": instance["data_parallel"], "ranks": instance["ranks"],
+             "omp_threads_bind": threads_bind(instance["ranks"])}
+            | instance
+            | {"cpus_allowed": cpus}
+        )  # fmt: skip
+    return finished
 
 
 def _max_seqs(gpu: Gpu) -> int:
@@ -285,37 +308,10 @@ def plan_gpus(topo: dict, request: PlanRequest, build_of_host: dict) -> dict:
     gpus = _gpus(topo, request)
     alone = _smallest_group(gpus, request.model_gb) is not None
     auto = request.layout == "auto" and request.ranks is None
-    if request.layout == "hybrid" and request.ranks not in (None, 1):
-        raise PlanError("ranks", "a hybrid plan is one llama.cpp server, on one GPU: no ranks")
     if request.layout == "hybrid" or (
         auto and not alone and fits(list(nodes.values()), gpus, request)
     ):
-        placed, instance, hybrid, reason = plan_hybrid(list(nodes.values()), gpus, request)
-        if request.layout == "auto":
-            reason = (
-                f"auto: model {request.model_gb:g} GB fits no group of the GPUs, but one GPU "
-                f"and system memory together; {reason}"
-            )
-        cpus = [cpu for rank in instance["ranks"] for cpu in rank["cpus"]]
-        instance = (
-            {
-                "name": "llamacpp-hybrid",
-                "port": request.port + 1,
-                "tp": 1,
-                "data_parallel": 1,
-                "ranks": instance["ranks"],
-                "omp_threads_bind": "|".join(
-                    ",".join(map(str, rank["cpus"])) for rank in instance["ranks"]
-                ),
-            }
-            | instance
-            | {"cpus_allowed": sorted(cpus)}
-        )
-        node_uses = [node_use(nodes[rank["node"]], placed) for rank in placed]
-        planned = finish_plan(
-            topo, request, build_of_host, "hybrid", None, reason, [instance], node_uses
-        )
-        return planned | {"hybrid": hybrid}
+        return plan_hybrid(topo, nodes, gpus, request, build_of_host)
     layout, size, count, reason = _decide(gpus, request)
     groups = _groups(gpus, size, count)
     reason += _where(groups)
@@ -363,19 +359,7 @@ def plan_gpus(topo: dict, request: PlanRequest, build_of_host: dict) -> dict:
             }
         ]
     names = [f"vllm-{layout}"] if len(instances) == 1 else [f"vllm-dp{i}" for i in range(count)]
-    for position, (name, instance) in enumerate(zip(names, instances, strict=True)):
-        cpus = [cpu for rank in instance["ranks"] for cpu in rank["cpus"]]
-        instance.update(
-            name=name,
-            port=request.port + 1 + position,
-            omp_threads_bind="|".join(
-                ",".join(map(str, rank["cpus"])) for rank in instance["ranks"]
-            ),
-            cpus_allowed=sorted(cpus),
-        )
-    # The CPU plan's key order, GPU keys after.
-    order = ("name", "port", "tp", "data_parallel", "ranks", "omp_threads_bind", "membind")
-    instances = [{key: i[key] for key in order} | i for i in instances]
+    instances = finish_instances(instances, names, request.port)
     dp_mode = request.dp_mode if layout == "dp" else None
     node_uses = [node_use(nodes[node_id], placed) for node_id in sorted(shares)]
     placement = (layout, dp_mode, reason, instances, node_uses)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 
-from .gpu import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, indices
+from .gpu import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, finish_instances, indices
 from .nodes import Node, PlanError, os_reserve_gb, reserve_for
-from .planner import MIN_KV_GB, PlanRequest
+from .planner import MIN_KV_GB, PlanRequest, finish_plan, node_use
 
 MARGIN = 0.1
 # llama-server's slots (--parallel): requests it decodes at once, as a cluster head's.
@@ -75,8 +75,10 @@ def _threads(nodes: list[Node], request: PlanRequest) -> list[dict]:
     return ranks
 
 
-def plan_hybrid(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> tuple:
+def _place(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> tuple:
     """(placed ranks, instance, the plan's `hybrid` object, reason)."""
+    if request.ranks not in (None, 1):
+        raise PlanError("ranks", "a hybrid plan is one llama.cpp server, on one GPU: no ranks")
     dense, per_layer, count = _sizes(request)
     gpu = sorted(gpus, key=lambda g: (-g.gb, g.pci))[0]
     kv, on_gpu = _gpu_keeps(gpu, request, dense, per_layer, count)
@@ -154,10 +156,26 @@ def plan_hybrid(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> tup
     return placed, instance, hybrid, reason
 
 
+def plan_hybrid(
+    topo: dict, nodes: dict[int, Node], gpus: list[Gpu], request: PlanRequest, build: dict
+) -> dict:
+    """The hybrid plan of the host `topo` describes (see the module's rules)."""
+    placed, instance, hybrid, reason = _place(list(nodes.values()), gpus, request)
+    if request.layout == "auto":
+        reason = (
+            f"auto: model {request.model_gb:g} GB fits no group of the GPUs, but one GPU and "
+            f"system memory together; {reason}"
+        )
+    (instance,) = finish_instances([instance], ["llamacpp-hybrid"], request.port)
+    node_uses = [node_use(nodes[rank["node"]], placed) for rank in placed]
+    planned = finish_plan(topo, request, build, "hybrid", None, reason, [instance], node_uses)
+    return planned | {"hybrid": hybrid}
+
+
 def fits(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> bool:
     """Whether a hybrid plan holds the model (`auto`'s question once no GPU set does)."""
     try:
-        plan_hybrid(nodes, gpus, request)
+        _place(nodes, gpus, request)
     except PlanError:
         return False
     return True

@@ -181,6 +181,11 @@ def _kv_for(placed: list[dict], weights_per_rank: float, request: PlanRequest) -
     return int(request.kv_gb)
 
 
+def threads_bind(ranks: list[dict]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND: each rank's CPUs as a comma list, `|` between ranks."""
+    return "|".join(",".join(map(str, rank["cpus"])) for rank in ranks)
+
+
 def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: int) -> dict:
     ranks = [{"node": r["node"], "cpus": [core[0] for core in r["cores"]]} for r in placed]
     return {
@@ -189,7 +194,7 @@ def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: in
         "tp": tp,
         "data_parallel": dp,
         "ranks": ranks,
-        "omp_threads_bind": "|".join(",".join(map(str, r["cpus"])) for r in ranks),
+        "omp_threads_bind": threads_bind(ranks),
         "membind": sorted({r["node"] for r in ranks}),
         "kvcache_gb": kv,
         "max_connections": MAX_SEQS_PER_RANK * tp * dp,
