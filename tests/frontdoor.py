@@ -62,15 +62,17 @@ def call(
     key: str | None = None,
     body: dict | None = None,
     tls: bool = False,
+    timeout: float = 60,
 ) -> tuple[int, bytes]:
-    """(status, body) of one request; the path goes out exactly as given."""
+    """(status, body) of one request; the path goes out exactly as given. No answer within
+    `timeout` seconds raises (TimeoutError, an OSError)."""
     if tls:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        connection = http.client.HTTPSConnection(address, port, timeout=60, context=context)
+        connection = http.client.HTTPSConnection(address, port, timeout=timeout, context=context)
     else:
-        connection = http.client.HTTPConnection(address, port, timeout=60)
+        connection = http.client.HTTPConnection(address, port, timeout=timeout)
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
