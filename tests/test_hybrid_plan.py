@@ -94,6 +94,11 @@ def test_the_experts_bind_to_the_gpus_node_only_while_it_holds_them(
             "them, or the model's GGUF file",
         ),
         (
+            {"model_gb": 142, "expert_gb": 133, "layers": 94, "kv_gb": 0},
+            "kv_gb",
+            "KV cache 0 GB must be at least 1",
+        ),
+        (
             {"model_gb": 142, "expert_gb": 133, "layers": 94, "ranks": 2},
             "ranks",
             "a hybrid plan is one llama.cpp server, on one GPU: no ranks",

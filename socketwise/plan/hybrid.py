@@ -56,6 +56,8 @@ def _gpu_keeps(gpu: Gpu, request: PlanRequest, dense: float, per_layer: float, c
     kv = request.kv_gb
     if kv is None:
         kv = max(MIN_KV_GB, math.floor(KV_FLOOR * gpu.gb))
+    elif kv < MIN_KV_GB:
+        raise PlanError("kv_gb", f"KV cache {kv:g} GB must be at least {MIN_KV_GB}")
     free = GPU_MEMORY_UTILIZATION * gpu.gb - dense - kv
     if free < 0:
         raise PlanError(
