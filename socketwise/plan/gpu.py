@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .nodes import Node, PlanError, cpu_nodes, reserve_for
+from .nodes import Node, PlanError, malformed, reserve_for
 from .planner import (
     MIN_KV_GB,
     PlanRequest,
@@ -60,29 +60,21 @@ class Gpu:
     links: dict[str, str | None]
 
 
-def _malformed(where: str, what: str) -> PlanError:
-    return PlanError(
-        "topology",
-        f"malformed topology: {where} {what}; give the document `socketwise topology` "
-        "prints (schema 1, docs/reference/topology-schema.md)",
-    )
-
-
 def _gpus(topo: dict, request: PlanRequest) -> list[Gpu]:
     """The topology's GPUs, each with its memory in GiB (gpu_memory_gb where unknown)."""
     gpus = []
     for i, entry in enumerate(topo.get("gpus", [])):
         where = f"gpus[{i}]"
         if not isinstance(entry.get("pci"), str):
-            raise _malformed(f"{where}.pci", "must be the GPU's PCI address")
+            raise malformed(f"{where}.pci", "must be the GPU's PCI address")
         node, memory = entry.get("numa_node"), entry.get("memory_mb")
         if node is not None and not (isinstance(node, int) and node >= 0):
-            raise _malformed(f"{where}.numa_node", f"is {node!r}, not a node number or null")
+            raise malformed(f"{where}.numa_node", f"is {node!r}, not a node number or null")
         if memory is not None and not (isinstance(memory, int | float) and memory > 0):
-            raise _malformed(f"{where}.memory_mb", f"is {memory!r}, not a number of MB or null")
+            raise malformed(f"{where}.memory_mb", f"is {memory!r}, not a number of MB or null")
         links = entry.get("links") or {}
         if not isinstance(links, dict):
-            raise _malformed(f"{where}.links", "must be an object of PCI address -> path")
+            raise malformed(f"{where}.links", "must be an object of PCI address -> path")
         if memory is None and request.gpu_memory_gb is None:
             raise PlanError(
                 "gpu_memory_gb",
@@ -298,13 +290,15 @@ def _kv(group: tuple[Gpu, ...], request: PlanRequest) -> int:
     return request.kv_gb
 
 
-def plan_gpus(topo: dict, request: PlanRequest, build_of_host: dict) -> dict:
-    """Place vLLM on the GPUs of the host described by `topo` (see the module's rules), or
-    llama.cpp on a GPU and the CPUs (`hybrid`)."""
+def plan_gpus(
+    topo: dict, host_nodes: list[Node], request: PlanRequest, build_of_host: dict
+) -> dict:
+    """Place vLLM on the GPUs of the host described by `topo` (its `host_nodes`, checked by
+    the planner; see the module's rules), or llama.cpp on a GPU and the CPUs (`hybrid`)."""
     # The hybrid planner builds on this module (its GPUs, their sizes).
     from .hybrid import fits, plan_hybrid
 
-    nodes = {node.id: node for node in cpu_nodes(topo)}
+    nodes = {node.id: node for node in host_nodes}
     gpus = _gpus(topo, request)
     alone = _smallest_group(gpus, request.model_gb) is not None
     auto = request.layout == "auto" and request.ranks is None

@@ -66,7 +66,7 @@ def reserve_for(node: Node, reserve_cores: int | None) -> int:
     return reserve_cores
 
 
-def _malformed(where: str, what: str) -> PlanError:
+def malformed(where: str, what: str) -> PlanError:
     return PlanError(
         "topology",
         f"malformed topology: {where} {what}; give the document `socketwise topology` "
@@ -90,28 +90,28 @@ def _number(value: object) -> bool:
 
 def _check_node(where: str, node: object) -> None:
     if not isinstance(node, dict):
-        raise _malformed(where, "is not an object")
+        raise malformed(where, "is not an object")
     if not _whole(node.get("id")) or node["id"] < 0:
-        raise _malformed(f"{where}.id", f"is {node.get('id')!r}, not a node number")
+        raise malformed(f"{where}.id", f"is {node.get('id')!r}, not a node number")
     if not _number(node.get("memory_mb")) or node["memory_mb"] < 0:
-        raise _malformed(f"{where}.memory_mb", "must be a number of MB >= 0")
+        raise malformed(f"{where}.memory_mb", "must be a number of MB >= 0")
     # Optional (hand-written documents may leave it out); where given, the cores must
     # agree with it.
     cpus = node.get("cpus")
     if "cpus" in node and not (isinstance(cpus, list) and all(_whole(c) and c >= 0 for c in cpus)):
-        raise _malformed(
+        raise malformed(
             f"{where}.cpus",
             f"is {_shown(cpus)}, not a list of CPU numbers (such as [0, 1, 2, 3])",
         )
     cores = node.get("cores")
     if not isinstance(cores, list):
-        raise _malformed(f"{where}.cores", "must be a list of cores (lists of CPUs)")
+        raise malformed(f"{where}.cores", "must be a list of cores (lists of CPUs)")
     for j, core in enumerate(cores):
         if not isinstance(core, list) or not core or not all(_whole(c) for c in core):
-            raise _malformed(f"{where}.cores[{j}]", "must be a non-empty list of CPU numbers")
+            raise malformed(f"{where}.cores[{j}]", "must be a non-empty list of CPU numbers")
         foreign = [c for c in core if cpus is not None and c not in cpus]
         if foreign:
-            raise _malformed(
+            raise malformed(
                 f"{where}.cores[{j}]",
                 f"is {_shown(core)}, with CPU {foreign[0]} that {where}.cpus "
                 f"({format_cpulist(cpus) or 'none'}) does not have: a core lists only its "
@@ -119,37 +119,37 @@ def _check_node(where: str, node: object) -> None:
             )
     distances = node.get("distances", [])
     if not isinstance(distances, list) or not all(_number(d) for d in distances):
-        raise _malformed(f"{where}.distances", "must be a list of numbers")
+        raise malformed(f"{where}.distances", "must be a list of numbers")
 
 
 def check_topology(topo: object) -> None:
     """The keys the planners read, each of the type they need, named where one is not."""
     if not isinstance(topo, dict):
-        raise _malformed("the document", "is not a JSON object")
+        raise malformed("the document", "is not a JSON object")
     if topo.get("schema") != 1:
-        raise _malformed("schema", f"is {topo.get('schema')!r}, not 1")
+        raise malformed("schema", f"is {topo.get('schema')!r}, not 1")
     nodes = topo.get("nodes")
     if not isinstance(nodes, list) or not nodes:
-        raise _malformed("nodes", "must be a non-empty list")
+        raise malformed("nodes", "must be a non-empty list")
     for i, node in enumerate(nodes):
         _check_node(f"nodes[{i}]", node)
     if len({node["id"] for node in nodes}) != len(nodes):
-        raise _malformed("nodes", "repeat a node id")
+        raise malformed("nodes", "repeat a node id")
     gpus = topo.get("gpus", [])
     if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-        raise _malformed("gpus", "must be a list of objects")
+        raise malformed("gpus", "must be a list of objects")
     # What the hardware class and the build read; each optional, none may be null.
     sockets = topo.get("sockets", [])
     if not isinstance(sockets, list) or not all(isinstance(s, dict) for s in sockets):
-        raise _malformed("sockets", f"is {_shown(sockets)}, not a list of sockets (objects)")
+        raise malformed("sockets", f"is {_shown(sockets)}, not a list of sockets (objects)")
     isa = topo.get("isa", {})
     if not isinstance(isa, dict) or not all(isinstance(v, bool) for v in isa.values()):
-        raise _malformed(
+        raise malformed(
             "isa", f'is {_shown(isa)}, not an object of flags (such as {{"avx2": true}})'
         )
     cpu = topo.get("cpu", {})
     if not isinstance(cpu, dict):
-        raise _malformed("cpu", f'is {_shown(cpu)}, not an object (such as {{"vendor": ...}})')
+        raise malformed("cpu", f'is {_shown(cpu)}, not an object (such as {{"vendor": ...}})')
 
 
 def read_topology(path: Path) -> dict:

@@ -331,7 +331,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         # The GPU planner builds on this module (its request, its plan's shape).
         from .gpu import plan_gpus
 
-        return plan_gpus(topo, request, build_of_host)
+        return plan_gpus(topo, nodes, request, build_of_host)
     layout, ranks, reason = _decide(nodes, request)
     # Every layout sits behind the front door on the public port; the instances take the
     # ports after it, on a private address.
