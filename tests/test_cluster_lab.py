@@ -7,7 +7,9 @@ asserted is what a user of a cluster sees: a real completion through the front d
 answer whatever the number of hosts, every RPC server holding layers and running where
 the plan put it with the planned thread count, nothing but the front door on a public
 address, the key nowhere but its root-only files, and an endpoint that goes down with a
-worker and comes back with it. Bad cluster input stops before any host changes.
+worker and comes back with it. Bad cluster input stops before any host changes. Last, one
+machine serves a mixture of experts as a hybrid server (cluster_layout: hybrid), planned
+from its topology with one fixture GPU added.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
+
+from socketwise.common.paths import cache_dir
+from socketwise.facts.topology import parse_cpulist
 
 from . import frontdoor
 from .clusters import (
@@ -80,6 +86,14 @@ def two_hosts(cluster: Cluster) -> PlaybookRun:
     return cluster.deployed(["cluster1", "cluster2"])
 
 
+@pytest.fixture(scope="module")
+def dense_answer(cluster: Cluster, two_hosts) -> str:
+    """The greedy answer of the built-in model over two hosts, taken while they serve it."""
+    status, answer = cluster.completion()
+    assert status == 200, answer
+    return answer["choices"][0]["text"]
+
+
 def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
     cluster3 = cluster.machines["cluster3"]
     before = cluster.on("cluster3", "ls /etc/systemd/system; ls /opt")
@@ -105,9 +119,12 @@ def test_bad_cluster_input_stops_before_any_host_changes(cluster: Cluster):
     assert not frontdoor.answers(cluster3.address, PORT)
 
 
-def test_two_hosts_serve_one_model_through_the_front_door(cluster: Cluster, two_hosts):
+def test_two_hosts_serve_one_model_through_the_front_door(
+    cluster: Cluster, two_hosts, dense_answer
+):
     status, answer = cluster.completion()
     assert status == 200, answer
+    assert answer["choices"][0]["text"] == dense_answer
     assert answer["usage"]["completion_tokens"] == GREEDY["max_tokens"]
     # The head keeps two layers, cluster2's RPC server the other two (and the output layer).
     plan = cluster.summary()["plan"]
@@ -309,3 +326,64 @@ def test_removing_the_cluster_stops_and_removes_every_server(cluster: Cluster, t
     assert not frontdoor.answers(cluster.cluster_address("cluster2"), RPC_PORT)
     # Each member's filter went with its units.
     assert [t for t in controller_tables() if t in map(table, members)] == []
+
+
+def test_a_hybrid_moe_server_runs_its_plan_on_one_host_through_the_front_door(
+    cluster: Cluster, two_hosts, dense_answer
+):
+    """The lab has no GPU and the CPU build of llama.cpp offloads nothing: this proves the
+    plan's flags, the unit and the placement, not the offload (scripts/gpu-check does that
+    where a GPU is)."""
+    # cluster1's topology as the deploys detected it, with one NVIDIA GPU on node 0 whose
+    # memory nvidia-smi did not tell (the deploy gives it).
+    topology = json.loads((cluster.work / "artifacts" / HEAD / "topology.json").read_text())
+    home = next(node for node in topology["nodes"] if node["id"] == 0)
+    gpu = {"pci": "0000:c1:00.0", "vendor": "nvidia", "numa_node": 0, "name": None,
+           "local_cpus": sorted(c for core in home["cores"] for c in core),
+           "memory_mb": None, "links": None}  # fmt: skip
+    with_gpu = cluster.work / "cluster1-with-gpu.json"
+    with_gpu.write_text(json.dumps(topology | {"gpus": [gpu]}))
+    # The built-in model as a mixture of 4 experts a layer (0.035 of its 0.039 GB), which
+    # answers as the dense model does.
+    moe = cluster.work / "tiny-moe.gguf"
+    subprocess.run(
+        [sys.executable, "-m", "socketwise.build.ggufmodel",
+         str(cache_dir() / "models" / "tiny-llama"), str(moe), "--experts", "4"],
+        cwd=REPO, check=True, capture_output=True,
+    )  # fmt: skip
+    # 1.13 GB of GPU: 90 % of it less 1 GB of KV cache and the dense weights holds the
+    # experts of one layer; the other three stay in system memory.
+    cluster.deployed(
+        [HEAD], "-e", "cluster_layout=hybrid", "-e", f"cluster_model_gguf={moe}",
+        "-e", f"socketwise_topology_file={with_gpu}", "-e", "cluster_gpu_memory_gb=1.13",
+        "-e", "cluster_build_device=cpu",
+    )  # fmt: skip
+    summary = cluster.summary()
+    plan = summary["plan"]
+    hybrid = plan["hybrid"]
+    assert (plan["layout"], plan["build"]["device"]) == ("hybrid", "cpu")
+    assert (hybrid["gpu"], hybrid["n_cpu_moe"], hybrid["numa"]) == ("0000:c1:00.0", 3, "bind")
+    assert hybrid["cpus_allowed"] == sorted(core[0] for core in home["cores"])
+    # The server runs with the plan's flags, as its unit gives them.
+    (server,) = summary["hosts"][HEAD]
+    argv = " ".join(server["argv"])
+    for flag in ("--n-gpu-layers all", "--n-cpu-moe 3", "--numa numactl",
+                 f"--threads {hybrid['threads']}"):  # fmt: skip
+        assert flag in argv, (flag, argv)
+    unit = cluster.on(HEAD, f"cat /etc/systemd/system/{HEAD_UNIT}")
+    assert "DeviceAllow=/dev/nvidia0 rw" in unit and "PrivateDevices=" not in unit
+    assert "CUDA_VISIBLE_DEVICES=0" in unit
+    # Through the front door, the same greedy answer as the dense model over two hosts.
+    status, answer = cluster.completion()
+    assert status == 200, answer
+    assert answer["choices"][0]["text"] == dense_answer
+    # Every thread on the planned cores, read on the host; its memory bound to node 0.
+    pid = cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}")
+    allowed = cluster.on(HEAD, f"grep Cpus_allowed_list /proc/{pid}/task/*/status | sort -u")
+    assert {tuple(parse_cpulist(line.split()[-1])) for line in allowed.splitlines()} == {
+        tuple(hybrid["cpus_allowed"])
+    }
+    assert int(cluster.on(HEAD, f"grep -c 'bind:0' /proc/{pid}/numa_maps || true")) > 0
+    # Nothing but the front door public, and no filter of engine ports: it has none.
+    assert not frontdoor.answers(cluster.address(HEAD), API_PORT)
+    assert table(HEAD) not in controller_tables()

