@@ -135,6 +135,21 @@ def test_gpu_server_keeps_nic_irqs_on_the_nic_node_that_does_not_infer(facts):
     assert "hugepages.node0.2048kB" not in knobs and "cpu_governor.node1" in knobs
 
 
+def test_a_plan_on_the_gpus_steers_nic_irqs_to_the_gpus_node_and_stops_page_migration(facts):
+    # vLLM on the GPUs of node 1: the NICs of node 0 hand their IRQs to node 1's reserve.
+    topology, on_gpus, _ = facts("gpu", device="gpu", model_gb=10, gpu_memory_gb=40)
+    assert [use["node"] for use in on_gpus["nodes"]] == [1]
+    knobs = by_name(decide(topology, on_gpus, Settings()))
+    reserve = format_cpulist(on_gpus["nodes"][0]["reserved_cpus"])
+    assert knobs["irq_affinity.ens2f0np0"]["desired"] == reserve
+    assert knobs["irq_affinity.ens2f1np1"]["desired"] == reserve
+    assert knobs["kernel.numa_balancing"]["desired"] == 0
+    # Without a reserve there, it says what to set instead of choosing another node.
+    _, bare, _ = facts("gpu", device="gpu", model_gb=10, gpu_memory_gb=40, reserve_cores=0)
+    knob = by_name(decide(topology, bare, Settings()))["irq_affinity.ens2f0np0"]
+    assert knob["desired"] is None and "set plan_reserve_cores to 1" in knob["unavailable"]
+
+
 def test_vm_nic_without_a_numa_node_belongs_to_the_only_node(facts):
     topology, sn, _ = facts("vm", layout="sn", model_gb=1)
     assert topology["nics"][0]["numa_node"] is None

@@ -2,8 +2,8 @@
 
 Ansible's template module renders each unit kind in one run, from the roles' own
 defaults, variables and filters, for plans the planners make of fixture hosts: a single
-host's vLLM (SN, two DP instances, TP-2, plain vLLM without the plan's placement, and the
-image method on a real host and on an nspawn one), a vLLM pipeline's head and follower, a
+host's vLLM (SN, two DP instances, TP-2, two TP-4 replicas on GPUs, plain vLLM without the
+plan's placement, and the image method on a real host and on an nspawn one), a vLLM pipeline's head and follower, a
 llama.cpp cluster's head and RPC server, a hybrid MoE llama-server on a GPU host, a host's
 and a cluster head's front door, and the fleet's. Each must pass `systemd-analyze verify`,
 score at most 4.0 in `systemd-analyze security --offline=true` (the scores are printed: run
@@ -157,6 +157,11 @@ def rendered(tmp_path_factory) -> Rendered:
         "dp": plan(r730, PlanRequest(layout="dp", model_gb=8)),
         "tp": plan(r730, PlanRequest(layout="tp", model_gb=8)),
         "lab": plan(LAB_TOPOLOGY, PlanRequest(layout="sn", model_gb=TINY_MODEL_GB)),
+        # 200 GB on an 8-GPU H100 server: two TP-4 replicas, one on each node's GPUs.
+        "gpu": plan(
+            detect(build_machine("dgx-h100", directory / "dgx-h100")),
+            PlanRequest(device="gpu", model_gb=200),
+        ),
     }
     pp = plan_cluster(members, ClusterRequest(model_gb=20, layers=32))
     llama = plan_cluster(
@@ -211,6 +216,7 @@ def rendered(tmp_path_factory) -> Rendered:
         ("", "dp", {}, None),
         ("", "tp", {}, None),
         ("lab-", "lab", {}, None),
+        ("gpu-", "gpu", {}, None),
         ("plain-", "sn", {"vllm_service_placement": "vllm"}, logical_cpus(r730)),
         ("image-", "sn", image, None),
         ("image-nspawn-", "sn", nspawn, None),
@@ -456,8 +462,8 @@ echo "after stop: $(nft list tables | grep -c socketwise_cluster_head || true)"
 def test_a_hybrid_server_opens_only_its_gpu_and_runs_the_plans_flags(rendered):
     unit = rendered.units["gpu-socketwise-llamacpp.service"]
     text = unit.read_text()
-    # The GPU's nodes instead of PrivateDevices, which would hide them; every other unit
-    # keeps PrivateDevices (but the image method's: Podman gives its container a /dev).
+    # The GPU's nodes instead of PrivateDevices, which would hide them; every unit not on
+    # GPUs keeps PrivateDevices (but the image method's: Podman gives its container a /dev).
     assert re.findall(r"^DeviceAllow=(.*)$", text, re.MULTILINE) == [
         "/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw", "/dev/nvidia0 rw"
     ]  # fmt: skip
@@ -466,13 +472,32 @@ def test_a_hybrid_server_opens_only_its_gpu_and_runs_the_plans_flags(rendered):
         name for name, u in rendered.units.items()
         if "PrivateDevices=yes" not in u.read_text() and not name.startswith("image-")
     ]  # fmt: skip
-    assert others == ["gpu-socketwise-llamacpp.service"]
+    assert others == [name for name in rendered.units if name.startswith("gpu-")]
     assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0" in text
-    # 57 layers' experts in system memory, more than node 0 holds: spread over both nodes.
-    for flag in ("--n-gpu-layers all", "--n-cpu-moe 57", "--numa distribute", "--threads 124"):
+    # 57 layers' experts in system memory, more than node 0 holds: spread over both nodes,
+    # memory interleaved, threads on the planned cores of both.
+    for flag in ("--n-gpu-layers all", "--n-cpu-moe 57", "--numa numactl", "--threads 124"):
         assert f"    {flag} \\" in text, flag
     assert (setting(unit, "NUMAPolicy"), setting(unit, "NUMAMask")) == ("interleave", "0,1")
     cpus = [*range(62), *range(64, 126)]  # each node's 64 cores less 2, no SMT sibling
     assert setting(unit, "CPUAffinity") == " ".join(map(str, cpus))
     # Alone in its cluster: no filter of engine ports to require, no RPC server to wait for.
     assert "Requires=" not in text and "--rpc" not in text and "ExecStartPre" not in text
+
+
+def test_a_vllm_instance_on_gpus_opens_only_its_gpus_and_binds_to_their_node(rendered):
+    for replica, node in ((0, 0), (1, 1)):
+        unit = rendered.units[f"gpu-socketwise-vllm-dp{replica}.service"]
+        text = unit.read_text()
+        mine = [str(4 * node + i) for i in range(4)]
+        found = re.findall(r"^DeviceAllow=/dev/nvidia(\d+) rw$", text, re.MULTILINE)
+        assert found == mine and "PrivateDevices=" not in text
+        assert f"Environment=CUDA_VISIBLE_DEVICES={','.join(mine)}" in text
+        assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
+        # Its GPUs' node: its memory, and 13 of its cores per GPU (its 56 less the reserve).
+        assert (setting(unit, "NUMAPolicy"), setting(unit, "NUMAMask")) == ("bind", str(node))
+        assert len(setting(unit, "CPUAffinity").split()) == 4 * 13
+        assert "--tensor-parallel-size 4 \\" in text and "--dtype auto \\" in text
+        # Nothing of vLLM's CPU runner: its KV size, thread binding and preloads.
+        for cpu_only in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD"):
+            assert cpu_only not in text, cpu_only

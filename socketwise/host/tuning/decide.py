@@ -64,8 +64,6 @@ def decide(topology: dict, plan: dict, settings: Settings) -> Spec:
     """
     _check_settings(settings)
     nodes = {int(n["id"]): n for n in topology["nodes"]}
-    _check_settings(settings)
-    nodes = {int(n["id"]): n for n in topology["nodes"]}
     serving = {int(use["node"]): use for use in plan["nodes"]}
     knobs: list[Knob] = [numa_balancing.knob(settings.numa_balancing)]
     knobs += hugepages.knobs(
@@ -77,7 +75,10 @@ def decide(topology: dict, plan: dict, settings: Settings) -> Spec:
         settings.hugepages_gb_per_node,
     )
     knobs += thp.knobs(settings.thp, settings.thp_defrag)
-    knobs += irq.affinity_knobs(topology, nodes, serving, settings.irq_nics, settings.irq_affinity)
+    on_gpus = plan.get("device") == "gpu"
+    knobs += irq.affinity_knobs(
+        topology, nodes, serving, settings.irq_nics, settings.irq_affinity, on_gpus
+    )
     knobs.append(irq.irqbalance_knob(nodes, serving, settings.irqbalance))
     knobs += cpu.knobs(nodes, serving, settings.cpu_governor, settings.cstate_max_latency_us)
     return {"schema": SCHEMA_VERSION, "knobs": knobs}

@@ -20,8 +20,11 @@ def affinity_knobs(
     serving: dict[int, dict],
     irq_nics: tuple[str, ...],
     enabled: bool,
+    on_gpus: bool = False,
 ) -> list[Knob]:
-    """Each NIC's IRQs go to CPUs that do not infer, on the NIC's own node if it has any."""
+    """Each NIC's IRQs go to CPUs that do not infer, on the NIC's own node if it has any;
+    for a plan on GPUs (ON_GPUS), on the node that serves, the GPUs' (the field notes' GPU
+    servers: the requests' packets are handled beside the process that feeds the GPUs)."""
     nics = topology.get("nics", [])
     known = [nic["name"] for nic in nics]
     unknown = [name for name in irq_nics if name not in known]
@@ -48,7 +51,10 @@ def affinity_knobs(
         # Firmware that does not say (VMs) on a host with one node: it is that node.
         if node is None and len(with_cpus) == 1:
             node = with_cpus[0]
-        cpus, unavailable = _irq_cpus(node, nodes, serving, nic["name"])
+        if on_gpus and node not in serving:
+            cpus, unavailable = _serving_reserve(serving, nic["name"])
+        else:
+            cpus, unavailable = _irq_cpus(node, nodes, serving, nic["name"])
         knobs.append(
             {
                 "name": f"irq_affinity.{nic['name']}",
@@ -60,6 +66,17 @@ def affinity_knobs(
             }
         )
     return knobs
+
+
+def _serving_reserve(serving: dict[int, dict], nic: str) -> tuple[list[int], str | None]:
+    cpus = sorted(c for use in serving.values() for c in use["reserved_cpus"])
+    if cpus:
+        return cpus, None
+    return [], (
+        f"the GPUs' node(s) {', '.join(map(str, sorted(serving)))}, where {nic}'s IRQs go, "
+        "infer on all of their cores (the plan reserves none): set plan_reserve_cores to 1 "
+        "or more"
+    )
 
 
 def _irq_cpus(
