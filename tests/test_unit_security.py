@@ -3,12 +3,13 @@
 Ansible's template module renders each unit kind in one run, from the roles' own
 defaults, variables and filters, for plans the planners make of fixture hosts: a single
 host's vLLM (SN, two DP instances, TP-2, two TP-4 replicas on GPUs, plain vLLM without the
-plan's placement, and the image method on a real host and on an nspawn one), a vLLM pipeline's head and follower, a
-llama.cpp cluster's head and RPC server, a hybrid MoE llama-server on a GPU host, a host's
-and a cluster head's front door, and the fleet's. Each must pass `systemd-analyze verify`,
-score at most 4.0 in `systemd-analyze security --offline=true` (the scores are printed: run
-pytest with -s), and carry the MemoryMax= and TasksMax= that the sizing rule of
-docs/guides/security.md gives for its plan, worked out here from the plan's numbers.
+plan's placement, and the image method on a real host and on an nspawn one), a vLLM
+pipeline's head and follower, a llama.cpp cluster's head and RPC server, a hybrid MoE
+llama-server on a GPU host, a host's and a cluster head's front door, and the fleet's.
+Each must pass `systemd-analyze verify`, score at most 4.0 in `systemd-analyze security
+--offline=true` (the scores are printed: run pytest with -s), and carry the MemoryMax= and
+TasksMax= that the sizing rule of docs/guides/security.md gives for its plan, worked out
+here from the plan's numbers.
 
 What stays in the lab: that the units start and serve under that sandbox and those limits
 (tests/test_deploy_lab.py for the venv units, molecule/image for Podman's).
