@@ -352,12 +352,23 @@ def test_a_hybrid_moe_server_runs_its_plan_on_one_host_through_the_front_door(
         cwd=REPO, check=True, capture_output=True,
     )  # fmt: skip
     # 1.13 GB of GPU: 90 % of it less 1 GB of KV cache and the dense weights holds the
-    # experts of one layer; the other three stay in system memory.
+    # experts of one layer; the other three stay in system memory. The host is tuned as a
+    # hybrid server's is, every knob left as it is: the lab's machines share the
+    # controller's kernel.
+    untouched = dict.fromkeys(
+        ["host_tuning_numa_balancing", "host_tuning_thp", "host_tuning_thp_defrag",
+         "host_tuning_irqbalance", "host_tuning_cpu_governor"]
+    ) | {"socketwise_tune": True, "host_tuning_irq_affinity": False}  # fmt: skip
     cluster.deployed(
         [HEAD], "-e", "cluster_layout=hybrid", "-e", f"cluster_model_gguf={moe}",
         "-e", f"socketwise_topology_file={with_gpu}", "-e", "cluster_gpu_memory_gb=1.13",
-        "-e", "cluster_build_device=cpu",
+        "-e", "cluster_build_device=cpu", "-e", json.dumps(untouched),
     )  # fmt: skip
+    # The tuning was decided from the hybrid plan (its node's knobs) and left all alone.
+    report = cluster.work / "artifacts" / HEAD / "tuning-report.json"
+    knobs = {k["name"]: k for k in json.loads(report.read_text())["knobs"]}
+    assert {"kernel.numa_balancing", "hugepages.node0.2048kB"} <= set(knobs)
+    assert {k["status"] for k in knobs.values()} <= {"unmanaged", "unavailable"}, knobs
     summary = cluster.summary()
     plan = summary["plan"]
     hybrid = plan["hybrid"]

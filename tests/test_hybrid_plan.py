@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from socketwise.facts.topology import detect
+from socketwise.host.tuning.decide import Settings, decide
 from socketwise.plan import modelfile
 from socketwise.plan.cluster import ClusterRequest, plan_cluster
 from socketwise.plan.nodes import PlanError
@@ -146,6 +147,10 @@ def test_deployed_it_is_a_llamacpp_cluster_of_one_host_with_the_plans_flags(mach
         "gpus": None, "cuda_visible_devices": "0", "tensor_split": [], "rpc": [],
     }  # fmt: skip
     assert planned["hybrid"]["n_cpu_moe"] == 57
+    # The host tuning reads it as a host's plan on the GPU: both nodes serve.
+    knobs = {k["name"]: k for k in decide(topology, planned, Settings())["knobs"]}
+    assert knobs["kernel.numa_balancing"]["desired"] == 0
+    assert {"hugepages.node0.2048kB", "hugepages.node1.2048kB"} <= set(knobs)
     # Without the GPU (a lab): the same flags on the CPU build, and the reason says so.
     on_cpu = plan_cluster([("gpu1", topology)], replace(request, build_device="cpu"))
     assert on_cpu["build"]["device"] == "cpu"

@@ -443,6 +443,10 @@ def _hybrid_host(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
         "engine_settings": engine,
         "hosts": [head],
         "hybrid": hybrid,
+        # The host's own plan's: its one instance (behind the door) and the nodes it uses,
+        # which the host tuning reads as it reads any host's plan.
+        "instances": planned["instances"],
+        "nodes": planned["nodes"],
         "build": built,
         "request": asdict(request),
     }
