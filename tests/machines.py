@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from socketwise.facts.topology import CAPTURED_NVIDIA_SMI, format_cpulist
+from socketwise.facts.topology import CAPTURED_NVIDIA_SMI, NVIDIA_DRIVER_GPUS, format_cpulist
 
 GIB_KB = 1024 * 1024
 
@@ -153,11 +153,13 @@ def nvidia_gpus(
     affinity: list[str],
     link: Callable[[int, int], str],
     nodeless: frozenset[str] | set[str] = frozenset(),
+    minors: list[int] | None = None,
 ) -> dict:
-    """`pci` and `nvidia_smi` for a Machine of NVIDIA GPUs of one model: each GPU as (the
-    path of the port above it, its bus, its node), `affinity` each node's CPUs (the GPUs'
-    local CPUs), link(a, b) the path between GPUs a and b; GPUs whose bus is in `nodeless`
-    get no node from the firmware (-1)."""
+    """`pci`, `nvidia_smi` and the driver's files for a Machine of NVIDIA GPUs of one model:
+    each GPU as (the path of the port above it, its bus, its node), `affinity` each node's
+    CPUs (the GPUs' local CPUs), link(a, b) the path between GPUs a and b; GPUs whose bus
+    is in `nodeless` get no node from the firmware (-1); `minors` the device minors the
+    driver gave them, in the order of `gpus` (default: PCI bus order)."""
     devices = tuple(
         Pci(f"{port}/0000:{bus}:00.0", "0x030200", "0x10de",
             -1 if bus in nodeless else node, affinity[node])
@@ -166,7 +168,19 @@ def nvidia_gpus(
     answers = [
         (f"00000000:{bus.upper()}:00.0", name, mib, affinity[node], node) for _, bus, node in gpus
     ]
-    return {"pci": devices, "nvidia_smi": nvidia_smi_answers(answers, link_matrix(len(gpus), link))}
+    buses = [bus for _, bus, _ in gpus]
+    minors = minors if minors is not None else [sorted(buses).index(bus) for bus in buses]
+    driver = {
+        f"proc/{NVIDIA_DRIVER_GPUS}/0000:{bus}:00.0/information": (
+            f"Model: \t\t {name}\nBus Location: \t 0000:{bus}:00.0\nDevice Minor: \t {minor}\n"
+        )
+        for bus, minor in zip(buses, minors, strict=True)
+    }
+    return {
+        "pci": devices,
+        "nvidia_smi": nvidia_smi_answers(answers, link_matrix(len(gpus), link)),
+        "knobs": {**DEFAULT_KNOBS, **driver},
+    }
 
 
 def link_matrix(count: int, link: Callable[[int, int], str]) -> list[list[str]]:
@@ -348,6 +362,7 @@ MACHINES: dict[str, Machine] = {
     ),
     # PCIe only: two L40S behind one switch on each socket (PIX within a pair, SYS across
     # sockets). The firmware gives one of them (82:00.0) no node: its local CPUs say node 1.
+    # Its driver's device minors are not in bus order.
     "pcie-4gpu": Machine(
         vendor="AuthenticAMD",
         model_name="AMD EPYC 9354 32-Core Processor",
@@ -370,6 +385,8 @@ MACHINES: dict[str, Machine] = {
             ["0-31,64-95", "32-63,96-127"],
             lambda a, b: "PIX" if a // 2 == b // 2 else "SYS",
             nodeless={"82"},
+            # The driver numbered the second switch's GPUs first (its probe order).
+            minors=[2, 3, 0, 1],
         ),
     ),
     # The hybrid MoE study's host: 2x EPYC 9554 with one 48 GB GPU, on socket 0.

@@ -107,6 +107,8 @@ def test_the_pcie_box_pairs_the_gpus_behind_one_switch(gpu_plan):
         (["0000:02:00.0", "0000:03:00.0"], "0,1", [0]),
         (["0000:82:00.0", "0000:83:00.0"], "2,3", [1]),
     ]
+    # CUDA numbers them in bus order; the driver's device nodes are its own minors.
+    assert [i["gpu_minors"] for i in planned["instances"]] == [[2, 3], [0, 1]]
     # 82:00.0 came with no node; its local CPUs put it, and its rank, on node 1.
     assert [rank["cpus"] for rank in planned["instances"][1]["ranks"]] == [
         physical(32, 15), physical(47, 15)

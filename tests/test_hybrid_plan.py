@@ -144,7 +144,8 @@ def test_deployed_it_is_a_llamacpp_cluster_of_one_host_with_the_plans_flags(mach
     assert head["stage"]["membind"] == [0, 1]
     assert planned["engine_settings"] | {"gpus": None} == {
         "n_gpu_layers": "all", "n_cpu_moe": 57, "numa": "distribute", "threads": 124,
-        "gpus": None, "cuda_visible_devices": "0", "tensor_split": [], "rpc": [],
+        "gpus": None, "cuda_visible_devices": "0", "gpu_minors": [0], "tensor_split": [],
+        "rpc": [],
     }  # fmt: skip
     assert planned["hybrid"]["n_cpu_moe"] == 57
     # The host tuning reads it as a host's plan on the GPU: both nodes serve.

@@ -127,7 +127,7 @@ def test_gpu_server_reports_gpus_and_physical_nics_with_their_nodes(machine_root
 
     # The BMC's ASPEED VGA is a display controller too, but not one vLLM can use.
     # No nvidia-smi answers captured in this tree: what only nvidia-smi tells is null.
-    unknown = {"local_cpus": None, "memory_mb": None, "name": None, "links": None}
+    unknown = {"local_cpus": None, "memory_mb": None, "name": None, "links": None, "minor": None}
     assert topology["gpus"] == [
         {"pci": "0000:ca:00.0", "vendor": "nvidia", "numa_node": 1} | unknown,
         {"pci": "0000:e1:00.0", "vendor": "nvidia", "numa_node": 1} | unknown,
@@ -154,6 +154,8 @@ def test_nvidia_gpus_get_name_memory_and_links_from_the_captured_nvidia_smi(mach
     assert first["local_cpus"] == node(topology, 0)["cpus"]
     # nvidia-smi numbers GPUs in its own order (PCI bus order): GPU7 is df:00.0.
     assert first["links"] == {g["pci"]: "NV18" for g in topology["gpus"][1:]}
+    # The driver's device minors, from /proc/driver/nvidia/gpus/*/information.
+    assert [g["minor"] for g in topology["gpus"]] == list(range(8))
 
 
 def test_pcie_links_and_a_gpu_without_a_node_placed_by_its_local_cpus(machine_root):
@@ -165,14 +167,16 @@ def test_pcie_links_and_a_gpu_without_a_node_placed_by_its_local_cpus(machine_ro
         "0000:02:00.0": "SYS", "0000:03:00.0": "SYS", "0000:83:00.0": "PIX"
     }  # fmt: skip
     assert {g["memory_mb"] for g in topology["gpus"]} == {46068}
+    # Its driver numbered the second switch's GPUs first.
+    assert [g["minor"] for g in topology["gpus"]] == [2, 3, 0, 1]
 
 
 def test_amd_gpus_tell_memory_and_name_in_sysfs(machine_root):
     topology = detect(machine_root("mi210"))
 
-    assert [(g["vendor"], g["name"], g["memory_mb"], g["links"]) for g in topology["gpus"]] == [
-        ("amd", "AMD Instinct MI210", 65536, None)
-    ] * 2
+    assert [
+        (g["vendor"], g["name"], g["memory_mb"], g["links"], g["minor"]) for g in topology["gpus"]
+    ] == [("amd", "AMD Instinct MI210", 65536, None, None)] * 2
 
 
 def test_a_gpu_whose_local_cpus_span_nodes_has_no_node(machine_root):

@@ -143,6 +143,15 @@ def _task(dest: str, template: str, host: str, task_vars: dict, loop: dict | Non
     } | (loop or {})
 
 
+def dgx_with_minors_reversed(directory: Path) -> dict:
+    """The 8-GPU fixture, its driver having numbered the GPUs against bus order (7 to 0):
+    CUDA's numbers and the device nodes then differ."""
+    topology = detect(build_machine("dgx-h100", directory / "dgx-h100"))
+    for gpu in topology["gpus"]:
+        gpu["minor"] = 7 - gpu["minor"]
+    return topology
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Rendered:
     """Every unit kind through Ansible's template module in one run, as the roles render
@@ -159,10 +168,7 @@ def rendered(tmp_path_factory) -> Rendered:
         "tp": plan(r730, PlanRequest(layout="tp", model_gb=8)),
         "lab": plan(LAB_TOPOLOGY, PlanRequest(layout="sn", model_gb=TINY_MODEL_GB)),
         # 200 GB on an 8-GPU H100 server: two TP-4 replicas, one on each node's GPUs.
-        "gpu": plan(
-            detect(build_machine("dgx-h100", directory / "dgx-h100")),
-            PlanRequest(device="gpu", model_gb=200),
-        ),
+        "gpu": plan(dgx_with_minors_reversed(directory), PlanRequest(device="gpu", model_gb=200)),
     }
     pp = plan_cluster(members, ClusterRequest(model_gb=20, layers=32))
     llama = plan_cluster(
@@ -490,10 +496,11 @@ def test_a_vllm_instance_on_gpus_opens_only_its_gpus_and_binds_to_their_node(ren
     for replica, node in ((0, 0), (1, 1)):
         unit = rendered.units[f"gpu-socketwise-vllm-dp{replica}.service"]
         text = unit.read_text()
-        mine = [str(4 * node + i) for i in range(4)]
+        mine = [4 * node + i for i in range(4)]
+        # The device nodes are the driver's minors; CUDA numbers the GPUs in bus order.
         found = re.findall(r"^DeviceAllow=/dev/nvidia(\d+) rw$", text, re.MULTILINE)
-        assert found == mine and "PrivateDevices=" not in text
-        assert f"Environment=CUDA_VISIBLE_DEVICES={','.join(mine)}" in text
+        assert found == [str(7 - i) for i in mine] and "PrivateDevices=" not in text
+        assert f"Environment=CUDA_VISIBLE_DEVICES={','.join(map(str, mine))}" in text
         assert "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
         # Its GPUs' node: its memory, and 13 of its cores per GPU (its 56 less the reserve).
         assert (setting(unit, "NUMAPolicy"), setting(unit, "NUMAMask")) == ("bind", str(node))

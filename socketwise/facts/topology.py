@@ -34,6 +34,9 @@ ISA_FLAGS = (
     "amx_tile",
 )
 
+# NVIDIA's driver's own description of each GPU (its device minor), by PCI address.
+NVIDIA_DRIVER_GPUS = "driver/nvidia/gpus"
+
 # PCI vendor ids of the GPU makers vLLM can drive, as sysfs spells them.
 GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 
@@ -101,6 +104,8 @@ class Gpu(TypedDict):
     # Each other GPU's PCI address -> the path to it (`nvidia-smi topo -m`'s NV#, PIX, PXB,
     # PHB, NODE, SYS); None where nvidia-smi did not say.
     links: dict[str, str | None] | None
+    # NVIDIA's device minor (/dev/nvidiaN), from /proc/driver/nvidia/gpus/PCI/information.
+    minor: int | None
 
 
 class Nic(TypedDict):
@@ -188,7 +193,9 @@ def detect(root: str | Path = "/", nvidia_smi: dict[str, str] | None = None) -> 
         "memory_mb": memory_mb,
         "sockets": _sockets(nodes, package, core_of),
         "nodes": nodes,
-        "gpus": _read_gpus(sys_dir / "bus/pci/devices", online, nodes, nvidia_smi),
+        "gpus": _read_gpus(
+            sys_dir / "bus/pci/devices", online, nodes, nvidia_smi, proc_dir / NVIDIA_DRIVER_GPUS
+        ),
         "nics": _read_nics(sys_dir / "class/net"),
         "kernel": _read_kernel(sys_dir, proc_dir),
     }
@@ -431,7 +438,11 @@ def _numa_node(device_dir: Path) -> int | None:
 
 
 def _read_gpus(
-    pci_dir: Path, online: list[int], nodes: list[Node], nvidia_smi: dict[str, str] | None
+    pci_dir: Path,
+    online: list[int],
+    nodes: list[Node],
+    nvidia_smi: dict[str, str] | None,
+    driver_dir: Path,
 ) -> list[Gpu]:
     """GPUs: display controllers (class 0x03xxxx) from NVIDIA, AMD and Intel, plus
     NVIDIA and AMD processing accelerators (0x1200xx: AMD Instinct MI300 reports
@@ -464,9 +475,18 @@ def _read_gpus(
                 "memory_mb": figures.get("memory_mb", vram // 2**20 if vram else None),
                 "name": figures.get("name", product or None),
                 "links": figures.get("links"),
+                "minor": _nvidia_minor(driver_dir / device.name) if vendor == "nvidia" else None,
             }
         )
     return gpus
+
+
+def _nvidia_minor(device_dir: Path) -> int | None:
+    """The GPU's device minor (its node is /dev/nvidiaN) from NVIDIA's driver, or None
+    where the driver is not loaded or says none."""
+    text = _parse_optional(device_dir / "information", str)
+    found = re.search(r"^Device Minor:\s*(\d+)\s*$", text or "", re.MULTILINE)
+    return int(found[1]) if found else None
 
 
 def _node_holding(cpus: list[int] | None, nodes: list[Node]) -> int | None:

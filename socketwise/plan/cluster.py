@@ -428,6 +428,7 @@ def _hybrid_host(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
         "threads": hybrid["threads"],
         "gpus": instance["gpus"],
         "cuda_visible_devices": instance["cuda_visible_devices"],
+        "gpu_minors": instance["gpu_minors"],
         "tensor_split": [],
         "rpc": [],
     }

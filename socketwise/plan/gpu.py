@@ -19,7 +19,9 @@ shares its request, refusals and plan shape). Rules (see docs/guides/gpu-servers
   node, less the node's reserve (`reserve_cores`, as on CPU hosts), split evenly between
   the ranks on that node; `cpus_allowed` is an instance's ranks' cores.
 - `cuda_visible_devices` numbers an instance's GPUs in PCI bus order among the host's GPUs
-  of the same vendor (CUDA_DEVICE_ORDER=PCI_BUS_ID).
+  of the same vendor (CUDA_DEVICE_ORDER=PCI_BUS_ID); `gpu_minors` are their device
+  minors (/dev/nvidiaN, what the unit may open), the driver's where the topology has them,
+  else that same number.
 - `max_connections` is vLLM's default `--max-num-seqs` for an API server on that GPU (1024
   on GPUs of 70 GiB or more other than the A100, else 256), for each DP engine.
 """
@@ -58,6 +60,7 @@ class Gpu:
     gb: float
     name: str
     links: dict[str, str | None]
+    minor: int | None = None
 
 
 def _gpus(topo: dict, request: PlanRequest) -> list[Gpu]:
@@ -82,9 +85,11 @@ def _gpus(topo: dict, request: PlanRequest) -> list[Gpu]:
                 "there to ask, or the tree kept no answer of it): give every GPU's memory",
             )
         gb = memory / 1024 if memory is not None else request.gpu_memory_gb
-        gpus.append(
-            Gpu(entry["pci"], str(entry.get("vendor")), node, gb, entry.get("name") or "", links)
-        )
+        minor = entry.get("minor")
+        if minor is not None and not (isinstance(minor, int) and minor >= 0):
+            raise malformed(f"{where}.minor", f"is {minor!r}, not a device minor or null")
+        name = entry.get("name") or ""
+        gpus.append(Gpu(entry["pci"], str(entry.get("vendor")), node, gb, name, links, minor))
     if not gpus:
         raise PlanError("device", "the topology has no GPU to plan on", ["device cpu"])
     return sorted(gpus, key=lambda gpu: gpu.pci)
@@ -245,6 +250,12 @@ def _cores(nodes: dict[int, Node], ranks: dict[int, int], request: PlanRequest) 
     return shares
 
 
+def minors(group: list[Gpu] | tuple[Gpu, ...], numbered: dict[str, int]) -> list[int]:
+    """The GROUP's device minors: the driver's, else the PCI-order number (NUMBERED) the
+    driver gives them where it probes in bus order."""
+    return [numbered[gpu.pci] if gpu.minor is None else gpu.minor for gpu in group]
+
+
 def indices(gpus: list[Gpu]) -> dict[str, int]:
     """Each GPU's index in PCI bus order among the host's GPUs of its vendor."""
     seen: dict[str, int] = {}
@@ -337,6 +348,7 @@ def plan_gpus(
                 "max_connections": _max_seqs(group[0]),
                 "gpus": [gpu.pci for gpu in group],
                 "cuda_visible_devices": ",".join(str(numbered[gpu.pci]) for gpu in group),
+                "gpu_minors": minors(group, numbered),
             }
         )
     if layout == "dp" and request.dp_mode == "vllm":
@@ -350,6 +362,7 @@ def plan_gpus(
                 "max_connections": sum(i["max_connections"] for i in instances),
                 "gpus": [pci for i in instances for pci in i["gpus"]],
                 "cuda_visible_devices": ",".join(i["cuda_visible_devices"] for i in instances),
+                "gpu_minors": [minor for i in instances for minor in i["gpu_minors"]],
             }
         ]
     names = [f"vllm-{layout}"] if len(instances) == 1 else [f"vllm-dp{i}" for i in range(count)]

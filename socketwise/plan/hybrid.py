@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from .gpu import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, finish_instances, indices
+from .gpu import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, finish_instances, indices, minors
 from .nodes import Node, PlanError, os_reserve_gb, reserve_for
 from .planner import MIN_KV_GB, PlanRequest, finish_plan, node_use
 
@@ -142,6 +142,7 @@ def _place(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> tuple:
         "max_connections": PARALLEL,
         "gpus": [gpu.pci],
         "cuda_visible_devices": str(indices(gpus)[gpu.pci]),
+        "gpu_minors": minors([gpu], indices(gpus)),
     }
     hybrid = {
         "engine": "llamacpp",

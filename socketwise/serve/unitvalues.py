@@ -256,13 +256,12 @@ def _environment_errors(environment: object) -> list[str]:
 NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
-def gpu_devices(gpus: list[str], visible: str) -> list[str]:
-    """The device nodes (DeviceAllow=) of a unit serving on GPUS (PCI addresses), whose
-    CUDA_VISIBLE_DEVICES is VISIBLE: the driver numbers /dev/nvidiaN in PCI bus order, as
-    the plan numbers its GPUs. None for a unit on CPUs."""
-    if not gpus:
+def gpu_devices(minors: list[int]) -> list[str]:
+    """The device nodes (DeviceAllow=) of a unit serving on the GPUs of device MINORS (the
+    plan's `gpu_minors`); none for a unit on CPUs."""
+    if not minors:
         return []
-    return [*NVIDIA_CONTROL_DEVICES, *(f"/dev/nvidia{int(i)}" for i in str(visible).split(","))]
+    return [*NVIDIA_CONTROL_DEVICES, *(f"/dev/nvidia{int(minor)}" for minor in minors)]
 
 
 def unit_value_errors(values: Mapping[str, object]) -> list[str]:
