@@ -413,12 +413,11 @@ def _hybrid_host(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
             "does not make: serve on an NVIDIA GPU (cuda), or cpu to run without offloading",
             ["build device cpu"],
         )
-    stage = {key: instance[key] for key in ("ranks", "membind", "cpus_allowed", "kvcache_gb")}
     head = {
         "host": name, "rank": 0, "role": "head", "layers": {"first": 0, "count": request.layers},
         "weights_gb": request.model_gb,
         "usable_gb": round(sum(_usable_gb(n) for n in cpu_nodes(topo)), 1),
-        "stage": stage, "rpc_servers": [],
+        "stage": _stage(instance), "rpc_servers": [],
         "ports": {"front_door": request.port, "api": instance["port"], "rpc": []},
     }  # fmt: skip
     engine = {

@@ -130,6 +130,7 @@ def _place(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> tuple:
             if bound
             else f"{keeps} and every expert, so no layer's experts stay in system memory"
         )
+    numbered = indices(gpus)
     instance = {
         "tp": 1,
         "data_parallel": 1,
@@ -141,8 +142,8 @@ def _place(nodes: list[Node], gpus: list[Gpu], request: PlanRequest) -> tuple:
         "kvcache_gb": kv,
         "max_connections": PARALLEL,
         "gpus": [gpu.pci],
-        "cuda_visible_devices": str(indices(gpus)[gpu.pci]),
-        "gpu_minors": minors([gpu], indices(gpus)),
+        "cuda_visible_devices": str(numbered[gpu.pci]),
+        "gpu_minors": minors([gpu], numbered),
     }
     hybrid = {
         "engine": "llamacpp",
