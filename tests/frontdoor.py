@@ -115,7 +115,11 @@ for path in glob.glob("/proc/[0-9]*/cmdline"):
             found.append(path)
     except OSError:
         pass
-for path in glob.glob("/etc/systemd/system/socketwise-*") + glob.glob("/etc/socketwise/*.cfg"):
+for path in (
+    glob.glob("/etc/systemd/system/socketwise-*")
+    + glob.glob("/etc/socketwise/*.cfg")
+    + glob.glob("/etc/socketwise/monitor/*")
+):
     if os.path.isfile(path) and key in open(path).read():
         found.append(path)
 units = [os.path.basename(p) for p in glob.glob("/etc/systemd/system/socketwise-*.service")]
@@ -128,7 +132,8 @@ print("\n".join(found))
 
 def key_places_on_host(machine: lab.Machine, key: str) -> list[str]:
     """Where on the host `key` shows outside its root-only files: process command lines,
-    unit files, `systemctl show`, the journal, the front door's configuration."""
+    unit files, `systemctl show`, the journal, the front doors' and the monitor's
+    configuration."""
     done = subprocess.run(
         lab.ssh_command(machine, f"python3 -c '{_FIND_ON_HOST}'"),
         input=key,

@@ -113,10 +113,10 @@ def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
         # credential, which the door sends in place of the client's; never a client's key.
         assert frontdoor.call(BACKEND, instance["port"], "/v1/models")[0] == 401
         assert frontdoor.call(BACKEND, instance["port"], "/v1/models", key)[0] == 401
-        status, body = frontdoor.call(BACKEND, METRICS_PORT, f"/metrics/{instance['name']}")
-        assert status == 200 and b"vllm:num_requests_running" in body
+        # No monitor host in this inventory: the metrics door closes every connection.
+        with pytest.raises(ConnectionError):
+            frontdoor.call(BACKEND, METRICS_PORT, f"/metrics/{instance['name']}")
     assert not frontdoor.answers(ADDRESS, METRICS_PORT)
-    assert frontdoor.call(BACKEND, METRICS_PORT, "/v1/models", key)[0] == 403
 
 
 def backend_key(machine: lab.Machine) -> str:

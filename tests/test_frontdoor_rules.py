@@ -23,6 +23,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ ADDRESS = "127.0.0.1"
 KEY = "sk-frontdoor-" + uuid.uuid4().hex
 # The key being replaced during a rotation: accepted beside KEY.
 PREVIOUS = "sk-previous-" + uuid.uuid4().hex
+# The monitors' scrape token (scrape-keys), another than the clients' keys.
+SCRAPE = "scrape-" + uuid.uuid4().hex
+# An address no monitor scrapes from.
+STRANGER = "127.0.0.3"
 # The host's backend credential (vLLM's own key): what a host's or cluster head's door
 # sends an instance in place of the client's key.
 BACKEND = "backend" + uuid.uuid4().hex
@@ -244,6 +249,10 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         "vllm_service_backend_address": ADDRESS,
         "vllm_service_metrics_address": ADDRESS,
         "vllm_service_metrics_port": ports["metrics"],
+        # A monitor scrapes from ADDRESS; the node exporter is the test's server too.
+        "__vllm_service_monitored": True,
+        "__vllm_service_metrics_sources": [ADDRESS],
+        "vllm_service_node_exporter_port": backend_port,
         "vllm_service_fleet_port": ports["fleet"],
         "vllm_service_api_key": KEY,
         "vllm_service_max_body_bytes": MAX_BODY,
@@ -349,6 +358,16 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
             | fleet_client,
         ),
     }
+    # Every fleet door has a metrics door too, on a port of its own (free_port() may give
+    # a port again once it is released).
+    taken = set(ports.values())
+    for name, (template, task_vars) in list(tasks.items()):
+        if "fleet" in template:
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            taken.add(port)
+            tasks[name] = (template, {"vllm_service_metrics_port": port} | task_vars)
     play = [
         {
             "name": "Render the front doors",
@@ -427,6 +446,7 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
     """HAProxy as socketwise-lb.service runs it: the configuration checked first, the
     backend credential in its environment (the unit's EnvironmentFile, frontdoor.env), the
     client keys in the file SOCKETWISE_CLIENT_KEYS names (the unit's copy of client-keys),
+    the scrape token in SOCKETWISE_SCRAPE_KEYS's (scrape-keys'),
     the certificate in its credentials directory; in the foreground, master and worker (a
     SIGUSR2 reloads it, as the unit's ExecReload does)."""
     own = (HOST_ONLY_KEY,) if door.name == "host-own-keys" else (KEY, PREVIOUS)
@@ -435,6 +455,7 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
         os.environ,
         SOCKETWISE_BACKEND_KEY=BACKEND,
         SOCKETWISE_CLIENT_KEYS=str(keys),
+        SOCKETWISE_SCRAPE_KEYS=str(write_keys(directory / f"{door.name}-scrape-keys", SCRAPE)),
         CREDENTIALS_DIRECTORY=str(given),
     )
     config = directory / f"{door.name}.cfg"
@@ -694,14 +715,38 @@ def test_an_anonymous_door_passes_openai_routes_without_a_key_and_refuses_the_re
         assert (outcome.status, outcome.reached) == (403, []), path
 
 
-def test_the_metrics_listener_serves_each_instances_metrics_and_nothing_else(front):
-    outcome = send(front, "metrics", "GET", f"/metrics/{INSTANCE}")
-    assert outcome.status == 200
-    # The instance is asked for its own /metrics.
-    assert [seen.path for seen in outcome.reached] == ["/metrics"]
+def test_the_metrics_door_serves_each_engine_the_node_and_itself_to_the_scrape_token(front):
+    for path in (f"/metrics/{INSTANCE}", "/metrics/node"):
+        outcome = send(front, "metrics", "GET", path, bearer(SCRAPE))
+        assert outcome.status == 200, path
+        # The engine (or node exporter) is asked for its own /metrics, and never sees the
+        # scrape token.
+        [seen] = outcome.reached
+        assert seen.path == "/metrics" and "authorization" not in seen.headers, path
+    # The door's own figures, from HAProxy's exporter.
+    body = urllib.request.urlopen(
+        urllib.request.Request(
+            f"http://{ADDRESS}:{front.doors['metrics'].port}/metrics/door", headers=bearer(SCRAPE)
+        ),
+        timeout=10,
+    ).read()
+    assert b"haproxy_backend_active_servers" in body
     for path in ("/metrics", "/metrics/", "/metrics/vllm-other", "/v1/models", "/health"):
-        outcome = send(front, "metrics", "GET", path, bearer(KEY))
+        outcome = send(front, "metrics", "GET", path, bearer(SCRAPE))
         assert (outcome.status, outcome.reached) == (403, []), path
+
+
+def test_the_metrics_door_refuses_a_scrape_without_the_token(front):
+    for headers in ({}, bearer(KEY), bearer(SCRAPE[:-1]), {"Authorization": f"Basic {SCRAPE}"}):
+        for path in (f"/metrics/{INSTANCE}", "/metrics/node", "/metrics/door"):
+            outcome = send(front, "metrics", "GET", path, headers)
+            assert (outcome.status, outcome.reached) == (401, []), (path, headers)
+
+
+def test_the_metrics_door_closes_a_connection_from_another_address(front):
+    # The door takes scrapes from ADDRESS (the monitors' sources) alone.
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        send(front, "metrics", "GET", f"/metrics/{INSTANCE}", bearer(SCRAPE), source=STRANGER)
 
 
 @pytest.mark.parametrize("door", TLS_DOORS)
@@ -897,9 +942,11 @@ def test_a_fleet_door_reaches_a_tls_host_door_with_its_certificate_not_the_clien
 def test_a_fleet_door_over_tls_hosts_alone_sends_the_clients_key_no_further(front):
     # fleet-mtls's every host door is TLS: the key is dropped once checked. The plain
     # fleet door's hosts check it again, so it goes on there.
-    config = (front.directory / "fleet-mtls.cfg").read_text()
+    # (The metrics door, after the fleet door's backend, drops the scrape token on both.)
+    config = (front.directory / "fleet-mtls.cfg").read_text().split("frontend metrics")[0]
     assert "http-request del-header Authorization" in config
-    assert "del-header Authorization" not in (front.directory / "fleet.cfg").read_text()
+    plain = (front.directory / "fleet.cfg").read_text().split("frontend metrics")[0]
+    assert "del-header Authorization" not in plain
 
 
 def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(front):

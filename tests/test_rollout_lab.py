@@ -14,21 +14,27 @@ of 60 s (torch compile), which the rollout's logic does not depend on.
 from __future__ import annotations
 
 import http.client
+import http.server
 import json
 import secrets
 import shutil
+import subprocess
+import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
-from socketwise.common import paths
+from socketwise.common import paths, promql
 from socketwise.lab import machines as lab
-from socketwise.lab.common import api_key_path
+from socketwise.lab.common import api_key_path, scrape_token_path
 
 from . import frontdoor
 from .labs import eager_inventory, fresh_lab, named_lab, run_on
@@ -74,14 +80,91 @@ FLAT_OUT_SECONDS = 20
 LOAD_REQUEST = {"model": "tiny-llama", "prompt": "socketwise rolls out", "max_tokens": 32}
 
 
+# The monitor (Prometheus and Alertmanager) runs on the fleet door's machine, scraping
+# every SCRAPE_INTERVAL; Alertmanager sends to a webhook of this module at once.
+MONITOR = DOOR
+SCRAPE_INTERVAL = 5
+PROMETHEUS_PORT = 9090
+METRICS_PORT = 9180
+MONITOR_VARS = {
+    "monitor_scrape_interval": f"{SCRAPE_INTERVAL}s",
+    "monitor_group_wait": "1s",
+    "monitor_group_interval": "5s",
+}
+DASHBOARD = REPO / "roles/monitor/files/grafana/socketwise-fleet.json"
+
+
+class Webhook(http.server.ThreadingHTTPServer):
+    """Alertmanager's receiver: every notification it posts, as (time.monotonic(), body)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _WebhookHandler)
+        self.received: list[tuple[float, dict]] = []
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/alerts"
+
+    def alerts(self, name: str, host: str, status: str) -> list[float]:
+        """When notifications carrying alert NAME of HOST in STATUS arrived."""
+        return [
+            at
+            for at, body in list(self.received)
+            for alert in body.get("alerts", [])
+            if alert["labels"].get("alertname") == name
+            and alert["labels"].get("host") == host
+            and alert["status"] == status
+        ]
+
+
+class _WebhookHandler(http.server.BaseHTTPRequestHandler):
+    server: Webhook
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.received.append((time.monotonic(), body))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @dataclass
 class Fleet:
     machines: dict[str, lab.Machine]
     inventory: Path
     artifacts: Path
     work: Path
+    webhook: Webhook | None = None
     # The fleet door's measured flat-out rate (requests/s).
     flat_out: float = 0.0
+    deploy_output: str = ""
+
+    def prometheus(self, path: str, **query: str) -> dict:
+        """The monitor's Prometheus API (on its machine's private address): the answer's data."""
+        url = f"{self.prometheus_url}/api/v1/{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return json.loads(answer.read())["data"]
+
+    @property
+    def prometheus_url(self) -> str:
+        private = self.machines[MONITOR].address.replace("127.0.", "127.1.", 1)
+        return f"http://{private}:{PROMETHEUS_PORT}"
+
+    def firing(self, name: str) -> list[dict]:
+        """The labels of every alert NAME firing now."""
+        return [
+            alert["labels"]
+            for alert in self.prometheus("alerts")["alerts"]
+            if alert["labels"]["alertname"] == name and alert["state"] == "firing"
+        ]
 
     def run(self, playbook: str, *extra: str) -> tuple[PlaybookRun, float]:
         started = time.monotonic()
@@ -289,10 +372,19 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         inventory = eager_inventory(work / "inventory")
         (inventory / "host_vars").mkdir()
         (inventory / "host_vars" / f"{DP_HOST}.yml").write_text("plan_layout: dp\n")
-        built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work)
+        # The fleet door's machine is the monitor too.
+        (inventory / "monitor.yml").write_text(
+            json.dumps({"all": {"children": {"socketwise_monitor": {"hosts": {MONITOR: {}}}}}})
+        )
+        webhook = Webhook()
+        (inventory / "host_vars" / f"{MONITOR}.yml").write_text(
+            json.dumps(MONITOR_VARS | {"monitor_alert_webhook_url": webhook.url})
+        )
+        built = Fleet({m.name: m for m in machines}, inventory, work / "artifacts", work, webhook)
         done, seconds = built.run("deploy.yml")
         assert done.returncode == 0, done.output[-4000:]
-        print(f"\ndeploy of 2 hosts and the fleet front door: {seconds:.0f} s")
+        built.deploy_output = done.output
+        print(f"\ndeploy of 2 hosts, the fleet front door and its monitor: {seconds:.0f} s")
         measured = flat_out(built)
         assert measured > 0, "the fleet front door served nothing flat out"
         built.flat_out = measured
@@ -364,7 +456,9 @@ def test_a_new_secret_restarts_the_hosts_one_after_another(fleet, new_secret):
 
 
 def test_the_fleet_door_keeps_no_key_an_earlier_version_left(fleet, new_secret):
-    assert fleet.on(DOOR, "ls /etc/socketwise/secrets") == "client-keys"
+    assert fleet.on(DOOR, "ls /etc/socketwise/secrets").split() == [
+        "client-keys", "scrape-keys", "scrape-token"
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -441,6 +535,89 @@ def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(flee
     )
     # The runtime API socket is root's alone.
     assert fleet.on(DOOR, "stat -c %a /run/socketwise-fleet") == "700"
+
+
+def scraped(fleet: Fleet) -> dict[str, dict[str, dict]]:
+    """{job: {instance label: target}} of the monitor's active targets, once every one was
+    scraped at least once."""
+    deadline = time.monotonic() + 6 * SCRAPE_INTERVAL
+    while True:
+        targets = fleet.prometheus("targets", state="active")["activeTargets"]
+        if all(t["health"] != "unknown" for t in targets) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    jobs: dict[str, dict[str, dict]] = {}
+    for target in targets:
+        jobs.setdefault(target["labels"]["job"], {})[target["labels"]["instance"]] = target
+    return jobs
+
+
+def test_the_monitor_scrapes_every_engine_node_and_door_with_all_targets_up(fleet, noop):
+    jobs = scraped(fleet)
+    assert {job: sorted(targets) for job, targets in jobs.items()} == {
+        "socketwise-engines": [f"{SN_HOST}/vllm-sn", *(f"{DP_HOST}/{r}" for r in REPLICAS)],
+        "socketwise-nodes": list(SERVING),
+        "socketwise-doors": [*SERVING, DOOR],
+    }
+    problems = {
+        name: target["lastError"]
+        for targets in jobs.values()
+        for name, target in targets.items()
+        if target["health"] != "up"
+    }
+    assert problems == {}
+    # Each engine carries the kit's labels, from its host's plan.
+    engine = jobs["socketwise-engines"][f"{DP_HOST}/vllm-dp1"]["labels"]
+    assert engine["host"] == DP_HOST and engine["socketwise_instance"] == "vllm-dp1"
+    assert engine["layout"] == "dp" and engine["hardware_class"]
+    assert jobs["socketwise-engines"][f"{SN_HOST}/vllm-sn"]["labels"]["layout"] == "sn"
+    assert jobs["socketwise-doors"][DOOR]["labels"]["layout"] == "fleet"
+
+
+def _scrape(address: str, path: str, token: str | None, source: str = "127.0.0.1") -> int:
+    connection = http.client.HTTPConnection(address, METRICS_PORT, timeout=10,
+                                            source_address=(source, 0))  # fmt: skip
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        connection.request("GET", path, headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_the_metrics_door_asks_for_the_scrape_token_and_takes_only_the_monitor(fleet, noop):
+    token = scrape_token_path().read_text().strip()
+    door = fleet.machines[SN_HOST].address.replace("127.0.", "127.1.", 1)
+    for path in ("/metrics/vllm-sn", "/metrics/node", "/metrics/door"):
+        assert _scrape(door, path, token) == 200, path
+        for wrong in (None, api_key_path().read_text().strip(), token[:-1]):
+            assert _scrape(door, path, wrong) == 401, (path, wrong)
+    # From an address no monitor scrapes from, the door closes the connection.
+    with pytest.raises(ConnectionError):
+        _scrape(door, "/metrics/vllm-sn", token, source="127.0.0.99")
+    # The public doors keep refusing /metrics, with the token too.
+    key = api_key_path().read_text().strip()
+    assert frontdoor.call(fleet.machines[SN_HOST].address, FLEET_PORT, "/metrics", key)[0] == 403
+
+
+def test_every_metric_the_dashboard_and_the_alerts_read_is_one_the_fleet_exposes(fleet, noop):
+    scraped(fleet)
+    exposed = set(fleet.prometheus("label/__name__/values"))
+    rules = fleet.on(MONITOR, "cat /etc/socketwise/monitor/alerts.yml")
+    expressions = promql.rule_expressions(yaml.safe_load(rules)) + promql.dashboard_expressions(
+        json.loads(DASHBOARD.read_text())
+    )
+    wanted = set().union(*(promql.metric_names(e) for e in expressions))
+    # ALERTS exists while an alert does; the operation mark while a rollout runs.
+    assert wanted - exposed - {"ALERTS", "socketwise_operation_in_progress"} == set()
+
+
+def test_the_scrape_token_is_in_no_argv_unit_journal_output_or_artifact(fleet, noop):
+    token = scrape_token_path().read_text().strip()
+    for host in fleet.machines:
+        assert frontdoor.key_places_on_host(fleet.machines[host], token) == [], host
+    assert frontdoor.files_holding(fleet.artifacts, token) == []
+    assert token not in fleet.deploy_output
 
 
 def test_a_rolling_update_under_load_loses_no_request(fleet, rolled):
@@ -546,21 +723,47 @@ def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet,
     assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
 
 
+def engine_down(fleet: Fleet) -> bool:
+    """Whether the monitor's SocketwiseEngineDown fires for SN_HOST's engine."""
+    return any(
+        labels.get("host") == SN_HOST and labels.get("socketwise_instance") == "vllm-sn"
+        for labels in fleet.firing("SocketwiseEngineDown")
+    )
+
+
+def socketwise_status(fleet: Fleet) -> dict:
+    """`socketwise status --json` against the monitor's Prometheus."""
+    done = subprocess.run(
+        [sys.executable, "-m", "socketwise.cli", "status", "--prometheus", fleet.prometheus_url,
+         "--json"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(
     fleet, gated_canary
 ):
+    """...and the monitor's engine-down alert fires within two scrape intervals, reaches the
+    webhook, shows in `socketwise status`, and resolves once the engine is back."""
     load = Load(fleet)
+    fired = status = None
     try:
         time.sleep(20)
+        assert not engine_down(fleet)
         in_flight = int(fleet.fleet_servers()[SN_HOST]["scur"])
         killing = time.monotonic()
         fleet.on(SN_HOST, f"kill -9 $(systemctl show -p MainPID --value {VLLM_UNIT})")
         went_down = back = None
         while time.monotonic() - killing < 300:
-            status = fleet.fleet_servers()[SN_HOST]["status"]
-            if went_down is None and status.startswith("DOWN"):
+            state = fleet.fleet_servers()[SN_HOST]["status"]
+            if went_down is None and state.startswith("DOWN"):
                 went_down = time.monotonic()
-            if went_down and status == "UP":
+            if fired is None and engine_down(fleet):
+                fired = time.monotonic() - killing
+                status = socketwise_status(fleet)
+            if went_down and state == "UP" and fired is not None:
                 back = round(time.monotonic() - killing)
                 break
             time.sleep(1)
@@ -569,8 +772,25 @@ def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(
     print(
         f"\nkill -9 of {SN_HOST}'s vLLM under load: {in_flight} request(s) in flight, "
         f"marked down after {went_down and round(went_down - killing, 1)} s, "
-        f"{result['failed']} failed of {result['sent']}, back in the fleet after {back} s"
+        f"{result['failed']} failed of {result['sent']}, back in the fleet after {back} s; "
+        f"SocketwiseEngineDown firing after {fired and round(fired, 1)} s"
     )
+    assert fired is not None and fired <= 2 * SCRAPE_INTERVAL + 2, fired
+    # socketwise status, while it fired: the engine down with its alert, the others up and
+    # serving the load.
+    rows = {(e["host"], e["socketwise_instance"]): e for e in status["engines"]}
+    assert set(rows) == {(SN_HOST, "vllm-sn"), *((DP_HOST, r) for r in REPLICAS)}
+    assert not rows[SN_HOST, "vllm-sn"]["up"]
+    assert "SocketwiseEngineDown" in rows[SN_HOST, "vllm-sn"]["alerts"]
+    assert all(rows[DP_HOST, r]["up"] and rows[DP_HOST, r]["running"] is not None for r in REPLICAS)
+    assert any(a["alertname"] == "SocketwiseEngineDown" for a in status["alerts"])
+    # Alertmanager delivered it, then its end once the engine answered again.
+    deadline = time.monotonic() + 60
+    while not fleet.webhook.alerts("SocketwiseEngineDown", SN_HOST, "resolved"):
+        assert time.monotonic() < deadline, fleet.webhook.received
+        time.sleep(1)
+    assert fleet.webhook.alerts("SocketwiseEngineDown", SN_HOST, "firing")
+    assert not engine_down(fleet)
     assert back is not None, f"{SN_HOST} never came back in the fleet front door"
     assert (
         int(fleet.on(SN_HOST, "systemctl show -p NRestarts --value socketwise-vllm-sn.service"))

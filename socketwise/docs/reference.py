@@ -458,6 +458,10 @@ def _reader_files(repo: Path) -> list[Path]:
     return sorted(found)
 
 
+# A Prometheus label and a metric the monitor's templates write: names, not variables.
+MONITOR_NAMES = frozenset({"socketwise_instance", "socketwise_operation_in_progress"})
+
+
 def inventory_names_in_code(repo: Path) -> set[str]:
     """The `socketwise_*` variables and groups the kit reads but never sets itself: not a
     filter (`| socketwise_x`, `map('socketwise_x')`), not a module (a task's
@@ -484,7 +488,7 @@ def inventory_names_in_code(repo: Path) -> set[str]:
             )
     for path in repo.glob("roles/*/library/*.py"):
         kit_set |= set(re.findall(r"ansible_facts=\{\s*\"(socketwise_\w+)\"", path.read_text()))
-    return read - kit_set - modules
+    return read - kit_set - modules - MONITOR_NAMES
 
 
 def inventory_problems(repo: Path) -> list[str]:

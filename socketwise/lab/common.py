@@ -55,6 +55,11 @@ def api_key_path() -> Path:
     return lab_dir() / "api-key"
 
 
+def scrape_token_path() -> Path:
+    """The lab's scrape token, the metrics doors' credential (group_vars/lab.yml reads it)."""
+    return lab_dir() / "scrape-token"
+
+
 def state_path() -> Path:
     return own_dir() / "state.json"
 

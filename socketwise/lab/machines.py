@@ -56,6 +56,7 @@ from socketwise.lab.common import (
     require_root,
     run,
     say,
+    scrape_token_path,
     state_path,
     write_atomically,
 )
@@ -167,11 +168,12 @@ def ensure_key() -> Path:
 
 
 def ensure_api_key() -> Path:
-    """A random key for the lab's front doors, readable by root only, made once."""
-    path = api_key_path()
-    if not path.is_file():
-        write_atomically(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
-    return path
+    """A random key for the lab's front doors, readable by root only, made once; and the
+    scrape token of their metrics doors, another one."""
+    for path in (api_key_path(), scrape_token_path()):
+        if not path.is_file():
+            write_atomically(path, secrets.token_urlsafe(32) + "\n", mode=0o600)
+    return api_key_path()
 
 
 def _prepare_machine(machine: Machine) -> None:

@@ -520,7 +520,20 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
         except ValueError:
             fix = "list IP addresses or CIDR networks such as 10.0.0.5 or 10.0.0.0/24"
             errors.append(_problem("vllm_service_client_limit_exempt", network, "is not one", fix))
-    ports = ("vllm_service_metrics_port", "vllm_service_fleet_port") + CLUSTER_PORTS
+    sources = values.get("vllm_service_metrics_sources", [])
+    for source in sources if isinstance(sources, list) else [sources]:
+        try:
+            unspecified = ipaddress.ip_address(str(source)).is_unspecified
+        except ValueError:
+            unspecified = True
+        if unspecified:
+            fix = "list the addresses a monitor's scrapes come from, such as 10.0.0.5, one by one"
+            errors.append(_problem("vllm_service_metrics_sources", source, "is not one", fix))
+    ports = (
+        "vllm_service_metrics_port",
+        "vllm_service_node_exporter_port",
+        "vllm_service_fleet_port",
+    ) + CLUSTER_PORTS
     for variable in ports:
         port = values.get(variable, 1)
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= MAX_PORT:

@@ -1,0 +1,54 @@
+"""Ansible door into socketwise.serve.monitor: the filters `socketwise_scrape_targets`, what
+a monitor's Prometheus scrapes (from the inventory and this run's plans), and
+`socketwise_retention_bytes`, how much of its disk it may fill, and
+`socketwise_duration_seconds`, a Prometheus duration in seconds."""
+
+import sys
+from pathlib import Path
+
+try:
+    from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
+except ImportError:
+    # Run from a checkout whose package is not installed in Ansible's Python:
+    # the package sits three levels above this role's filter_plugins/.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
+
+
+def _door(found, host):
+    return {
+        "host": host,
+        "address": str(found.get("vllm_service_metrics_address", "127.0.0.1")),
+        "port": int(found.get("vllm_service_metrics_port", 9180)),
+    }
+
+
+def socketwise_scrape_targets(serving, doors, hostvars):
+    """{job: static_configs} for the serving hosts SERVING that this run planned (a cluster
+    member's door has no metrics door yet) and the fleet doors DOORS."""
+    hosts = []
+    for host in serving:
+        found = hostvars[host]
+        plan = found.get("socketwise_plan")
+        if not plan or found.get("socketwise_cluster"):
+            continue
+        build = found.get("socketwise_build") or {}
+        hosts.append(_door(found, host) | {"plan": plan, "hardware_class": build.get("class")})
+    return scrape_targets(hosts, [_door(hostvars[door], door) for door in doors])
+
+
+def socketwise_retention_bytes(filesystem_bytes, share):
+    return retention_bytes(int(filesystem_bytes), float(share))
+
+
+def socketwise_duration_seconds(duration):
+    return duration_seconds(duration)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "socketwise_duration_seconds": socketwise_duration_seconds,
+            "socketwise_scrape_targets": socketwise_scrape_targets,
+            "socketwise_retention_bytes": socketwise_retention_bytes,
+        }

@@ -1,0 +1,1 @@
+../../vllm_service/filter_plugins/socketwise_typed.py
