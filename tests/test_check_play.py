@@ -260,3 +260,38 @@ def test_every_number_and_switch_is_read_through_its_role_s_conversion():
                 if not re.match(words, text.splitlines()[line - 1]):
                     bare.append(f"{path.relative_to(REPO)}:{line}: {name} (read {typed}.{name})")
     assert bare == []
+
+
+def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes(
+    inventory, tmp_path
+):
+    hosts = yaml.safe_load(inventory.read_text())
+    hosts["all"]["children"] = {
+        "socketwise_monitor": {"hosts": {"mon-01": dict(hosts["all"]["hosts"][HOST])}}
+    }
+    inventory.write_text(yaml.safe_dump(hosts))
+    # A monitored host needs the scrape token.
+    run = check(inventory, f"--limit={HOST}")
+    assert refusal(run).startswith(
+        f"{HOST}: vllm_service_metrics_token_file is empty, but the inventory has monitor hosts "
+        "(mon-01)"
+    ), refusal(run)
+    token = tmp_path / "scrape-token"
+    token.write_text("scrape-" + "t" * 24 + "\n")
+    given = {"vllm_service_metrics_token_file": str(token)}
+    for bad, words in (
+        (
+            {"monitor_scrape_interval": "15"},
+            "monitor_scrape_interval=15: not a Prometheus duration",
+        ),
+        ({"monitor_listen_address": "0.0.0.0"}, "monitor_listen_address=0.0.0.0: give one IP"),
+        ({"monitor_retention_share": 2}, "monitor_retention_share=2: give a fraction"),
+        (
+            {"monitor_alert_webhook_url": "ftp://x"},
+            "monitor_alert_webhook_url=ftp://x: give an http:// or https:// URL",
+        ),
+        ({"vllm_service_metrics_sources": ["0.0.0.0"]}, "vllm_service_metrics_sources='0.0.0.0'"),
+    ):
+        run = check(inventory, given | bad, "--limit=mon-01")
+        assert refusal(run).startswith(f"mon-01: {words}"), refusal(run)
+        assert "TASK [topology" not in run.output

@@ -13,6 +13,7 @@ of 60 s (torch compile), which the rollout's logic does not depend on.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import http.server
 import json
@@ -462,7 +463,7 @@ def test_the_fleet_door_keeps_no_key_an_earlier_version_left(fleet, new_secret):
 
 
 @pytest.fixture(scope="module")
-def rolled(fleet, noop, new_secret) -> tuple[PlaybookRun, float, dict, dict]:
+def rolled(fleet, noop, new_secret) -> tuple[PlaybookRun, float, dict, dict, set[str]]:
     """Every host to a new model revision with a changed vLLM argument, under load."""
     revision = fleet.work / "revision-2" / "tiny-llama"
     shutil.copytree(paths.cache_dir() / "models" / "tiny-llama", revision)
@@ -473,8 +474,25 @@ def rolled(fleet, noop, new_secret) -> tuple[PlaybookRun, float, dict, dict]:
         + f'vllm_model_path: "{revision}"\n'
         + 'vllm_service_extra_args: ["--enforce-eager", "--max-num-seqs", "64"]\n'
     )
-    done, seconds, result = rollout_under_load(fleet, "rolling update of 2 hosts")
-    return done, seconds, result, fleet.summary()
+    # The monitor's view meanwhile: the hosts it saw marked in rollout.
+    marked: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError, ValueError):
+                alerts = fleet.firing("SocketwiseOperationInProgress")
+                marked.update(labels["host"] for labels in alerts)
+            stop.wait(2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        done, seconds, result = rollout_under_load(fleet, "rolling update of 2 hosts")
+    finally:
+        stop.set()
+        watcher.join()
+    return done, seconds, result, fleet.summary(), marked
 
 
 @pytest.fixture(scope="module")
@@ -621,7 +639,7 @@ def test_the_scrape_token_is_in_no_argv_unit_journal_output_or_artifact(fleet, n
 
 
 def test_a_rolling_update_under_load_loses_no_request(fleet, rolled):
-    done, seconds, load, summary = rolled
+    done, seconds, load, summary, _ = rolled
     assert done.returncode == 0, done.output[-3000:]
     assert load["failed"] == 0 and load["completed"] == load["sent"], failed_story(fleet, load)
     # The load ran, without a gap, from before the first drain to the last step's end.
@@ -639,6 +657,13 @@ def test_a_rolling_update_under_load_loses_no_request(fleet, rolled):
         ]  # fmt: skip
         assert entry["gate"]["placement_problems"] == []
         assert all(t > 0 for t in entry["gate"]["completion_tokens"])
+
+
+def test_the_monitor_sees_each_host_marked_while_the_rollout_rolls_it(fleet, rolled):
+    assert rolled[4] == set(SERVING)
+    # The marks are gone with the rollout.
+    for host in SERVING:
+        assert fleet.on(host, "ls /var/lib/socketwise/metrics") == "", host
 
 
 def test_a_host_with_two_replicas_restarts_them_one_at_a_time(fleet, rolled):

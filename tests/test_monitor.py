@@ -1,0 +1,101 @@
+"""What a monitor scrapes, from the plans (socketwise.serve.monitor), and how
+`socketwise status` shows it (socketwise.measure.status). The lab proves both against a
+real Prometheus (tests/test_rollout_lab.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from socketwise.measure.status import table
+from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
+
+DP = {"layout": "dp", "instances": [{"name": "vllm-dp0"}, {"name": "vllm-dp1"}]}
+
+
+def test_every_planned_engine_is_a_target_with_the_kits_labels():
+    jobs = scrape_targets(
+        [{"host": "h1", "address": "10.0.0.1", "port": 9180, "plan": DP, "hardware_class": "amx"}],
+        [{"host": "lb", "address": "fd00::5", "port": "9181"}],
+    )
+    engines = jobs["socketwise-engines"]
+    assert [e["labels"]["socketwise_instance"] for e in engines] == ["vllm-dp0", "vllm-dp1"]
+    assert engines[1] == {
+        "targets": ["10.0.0.1:9180"],
+        "labels": {
+            "__metrics_path__": "/metrics/vllm-dp1",
+            "instance": "h1/vllm-dp1",
+            "host": "h1",
+            "layout": "dp",
+            "hardware_class": "amx",
+            "cluster": "",
+            "socketwise_instance": "vllm-dp1",
+        },
+    }
+    [node] = jobs["socketwise-nodes"]
+    assert node["labels"]["__metrics_path__"] == "/metrics/node"
+    assert "socketwise_instance" not in node["labels"]
+    doors = {d["labels"]["host"]: d for d in jobs["socketwise-doors"]}
+    assert (
+        doors["lb"]["targets"] == ["[fd00::5]:9181"] and doors["lb"]["labels"]["layout"] == "fleet"
+    )
+    assert doors["h1"]["labels"]["__metrics_path__"] == "/metrics/door"
+
+
+def test_retention_is_a_share_of_the_disk_and_never_below_a_gib():
+    assert retention_bytes(100 << 30, 0.5) == 50 << 30
+    assert retention_bytes(1 << 30, 0.5) == 1 << 30
+    with pytest.raises(ValueError, match="fraction"):
+        retention_bytes(100 << 30, 1.5)
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"), [("15s", 15), ("5m", 300), ("500ms", 0.5), ("15d", 1296000)]
+)
+def test_prometheus_durations_read_as_seconds(given, seconds):
+    assert duration_seconds(given) == seconds
+
+
+@pytest.mark.parametrize("given", ["15", "s", "1.5m", "5 m", "-5s"])
+def test_a_duration_prometheus_would_not_read_is_refused(given):
+    with pytest.raises(ValueError, match="not a Prometheus duration"):
+        duration_seconds(given)
+
+
+def test_status_shows_a_down_engine_with_its_alert_and_dashes_for_missing_figures():
+    engine = {
+        "host": "h1", "socketwise_instance": "vllm-sn", "layout": "sn", "up": False,
+        "running": None, "waiting": None, "output_tok_s": None, "kv_cache_usage": None,
+        "ttft_p50_s": None, "ttft_p99_s": None, "alerts": ["SocketwiseEngineDown"],
+    }  # fmt: skip
+    serving = engine | {
+        "socketwise_instance": "vllm-dp0", "layout": "dp", "up": True, "running": 3.0,
+        "waiting": 0.0, "output_tok_s": 812.25, "kv_cache_usage": 0.42, "ttft_p50_s": 0.12,
+        "ttft_p99_s": 0.9, "alerts": [],
+    }  # fmt: skip
+    alert = {
+        "alertname": "SocketwiseEngineDown", "severity": "critical", "host": "h1",
+        "socketwise_instance": "vllm-sn", "summary": "h1: engine vllm-sn does not answer",
+    }  # fmt: skip
+    shown = table(
+        {"prometheus": "http://p:9090", "window": "5m", "engines": [engine, serving],
+         "alerts": [alert]}
+    )  # fmt: skip
+    header, down, up = shown.splitlines()[:3]
+    assert header.split()[:4] == ["HOST", "ENGINE", "LAYOUT", "UP"]
+    assert down.split() == ["h1", "vllm-sn", "sn", "DOWN", *["-"] * 5, "-", "SocketwiseEngineDown"]
+    assert up.split() == [
+        "h1",
+        "vllm-dp0",
+        "dp",
+        "up",
+        "3",
+        "0",
+        "812.2",
+        "42%",
+        "120",
+        "ms",
+        "900",
+        "ms",
+        "-",
+    ]
+    assert "1 alert(s) firing\n  critical SocketwiseEngineDown: h1: engine vllm-sn" in shown
