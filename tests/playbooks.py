@@ -24,6 +24,16 @@ class PlaybookRun:
         assert match, f"no recap for {host}:\n{self.output[-3000:]}"
         return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))}
 
+    def changed_tasks(self, host: str) -> list[str]:
+        """The names of the tasks that reported `host` changed, for an assertion's message."""
+        task, changed = "", []
+        for line in self.output.splitlines():
+            if line.startswith("TASK ["):
+                task = line[6:].split("]", 1)[0]
+            elif line.startswith(f"changed: [{host}]"):
+                changed.append(task)
+        return changed
+
 
 def run_playbook(playbook: str, *args: str, env: dict[str, str] | None = None) -> PlaybookRun:
     environment = dict(

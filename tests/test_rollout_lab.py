@@ -532,7 +532,7 @@ def test_a_rollout_that_changes_nothing_touches_nothing(noop):
     done, _, before, after, summary = noop
     assert done.returncode == 0, done.output[-3000:]
     for host in SERVING:
-        assert done.recap(host)["changed"] == 0, host
+        assert done.recap(host)["changed"] == 0, (host, done.changed_tasks(host))
         assert after[host] == before[host], host
         assert summary[host]["reason"] == "nothing to change"
     assert done.recap(DOOR)["changed"] == 0
