@@ -285,7 +285,7 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
             "monitor_scrape_interval=15: not a Prometheus duration",
         ),
         ({"monitor_listen_address": "0.0.0.0"}, "monitor_listen_address=0.0.0.0: give one IP"),
-        ({"monitor_retention_share": 2}, "monitor_retention_share=2: give a fraction"),
+        ({"monitor_retention_share": 2}, "monitor_retention_share=2.0: give a fraction"),
         (
             {"monitor_alert_webhook_url": "ftp://x"},
             "monitor_alert_webhook_url=ftp://x: give an http:// or https:// URL",

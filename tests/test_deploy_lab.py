@@ -462,6 +462,7 @@ def test_the_key_is_only_in_its_root_only_files(machine, artifacts, key):
         "600 root /etc/socketwise/secrets/backend-key",
         "600 root /etc/socketwise/secrets/client-keys",
         "600 root /etc/socketwise/secrets/frontdoor.env",
+        "600 root /etc/socketwise/secrets/scrape-keys",
         "600 root /etc/socketwise/secrets/vllm.env",
     ]
     # HAProxy (a dynamic user) reads its copy of the client keys, which only it reads.
