@@ -430,6 +430,22 @@ print(json.dumps(seen))
 
 @pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None,
                     reason="needs nft and unshare")  # fmt: skip
+def test_a_door_copies_only_the_keys_its_role_writes(rendered):
+    """A host's door copies the client keys and the monitors' scrape token (secrets.yml
+    writes both); a cluster head's door, which has no metrics door, only the client keys
+    (its role writes no scrape-keys: a copy of it would stop the door from starting)."""
+    copied = {
+        name: re.findall(r"^ExecStartPre=\+/usr/bin/install -m 0400 (\S+)", unit.read_text(), re.M)
+        for name, unit in rendered.units.items()
+        if name.endswith(("lb.service", "fleet.service"))
+    }
+    assert [Path(p).name for p in copied["socketwise-lb.service"]] == ["client-keys", "scrape-keys"]
+    assert [Path(p).name for p in copied["socketwise-fleet.service"]] == [
+        "client-keys", "scrape-keys"
+    ]  # fmt: skip
+    assert [Path(p).name for p in copied["head-socketwise-cluster-lb.service"]] == ["client-keys"]
+
+
 def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
     """The head's rendered nftables file, loaded as its unit loads it, in a network
     namespace of the test's own holding the members' addresses and a stranger's: a new
