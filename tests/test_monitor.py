@@ -4,10 +4,14 @@ real Prometheus (tests/test_rollout_lab.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from socketwise.measure.status import table
 from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
+
+from .playbooks import REPO, run_playbook
 
 DP = {"layout": "dp", "instances": [{"name": "vllm-dp0"}, {"name": "vllm-dp1"}]}
 
@@ -99,3 +103,36 @@ def test_status_shows_a_down_engine_with_its_alert_and_dashes_for_missing_figure
         "-",
     ]
     assert "1 alert(s) firing\n  critical SocketwiseEngineDown: h1: engine vllm-sn" in shown
+
+
+def test_the_sweeps_monitor_reads_each_engine_on_the_backend_address(tmp_path):
+    """The benchmark role's metrics URLs, as Ansible renders them: each engine's own
+    /metrics on the backend address (the metrics door is the monitors')."""
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [
+                str(REPO / f"roles/{f}")
+                for f in (
+                    "vllm_service/defaults/main.yml",
+                    "benchmark/defaults/main.yml",
+                    "benchmark/vars/main.yml",
+                )
+            ],  # fmt: skip
+            "tasks": [{"ansible.builtin.debug": {"var": "__benchmark_metrics_urls"}}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    given = {
+        "vllm_service_backend_address": "127.1.0.11",
+        "socketwise_plan": {"instances": [{"port": 8001}, {"port": 8002}]},
+    }
+    done = run_playbook(
+        str(tmp_path / "play.yml"), "-i", "inventories/local", "-e", json.dumps(given)
+    )
+    assert done.returncode == 0, done.output[-2000:]
+    shown = done.output.split('"__benchmark_metrics_urls": ', 1)[1].split("]", 1)[0] + "]"
+    assert json.loads(shown) == [
+        "http://127.1.0.11:8001/metrics", "http://127.1.0.11:8002/metrics"
+    ]  # fmt: skip
