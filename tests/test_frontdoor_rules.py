@@ -90,6 +90,12 @@ MORE_REFUSED = [
 PLAIN_DOORS = ("host", "fleet", "cluster")
 TLS_DOORS = ("host-tls", "fleet-tls", "cluster-tls")
 DOORS = PLAIN_DOORS + TLS_DOORS
+# The metrics doors of cluster members: a llama.cpp head's (its public door is
+# cluster-llamacpp), and a member's that is not the head, its only listener.
+CLUSTER_METRICS = ("cluster-llamacpp", "cluster-member")
+# Second listeners of the doors above, each started with its door: the host's metrics door
+# and the llama.cpp head's.
+SECOND_LISTENERS = ("metrics", "cluster-llamacpp-metrics")
 # A host's door with small per-client limits, and a client address exempt from them.
 LIMITS = {"connections": 3, "rate": 2}
 EXEMPT = "127.0.0.2"
@@ -238,7 +244,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "metrics", "host-own-keys", "fleet-retry")
-    others += VERIFYING
+    others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
     plan = {
         "load_balancer": {"port": ports["host"], "balance": "leastconn"},
@@ -268,6 +274,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         "socketwise_cluster": "c1",
         "socketwise_cluster_plan": {"endpoint_port": ports["cluster"]},
         "vllm_served_name": "tiny-llama",
+        "__cluster_is_head": True,
         "__cluster_engine": "vllm",
         "__cluster_api_key": KEY,
         "__cluster_api_port": backend_port,
@@ -357,12 +364,32 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
             }
             | fleet_client,
         ),
+        # A llama.cpp head (llama-server asks its key on /metrics too), and a member that
+        # is not the head: its metrics door alone.
+        "cluster-llamacpp": (
+            "cluster-haproxy.cfg.j2",
+            cluster
+            | {
+                "__cluster_engine": "llamacpp",
+                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-llamacpp"]},
+                "__cluster_lb_socket": str(directory / "cluster-llamacpp.sock"),
+                "vllm_service_metrics_port": ports["cluster-llamacpp-metrics"],
+            },
+        ),
+        "cluster-member": (
+            "cluster-haproxy.cfg.j2",
+            {
+                "__cluster_is_head": False,
+                "vllm_service_metrics_port": ports["cluster-member"],
+                "__cluster_lb_socket": str(directory / "cluster-member.sock"),
+            },
+        ),
     }
-    # Every fleet door has a metrics door too, on a port of its own (free_port() may give
-    # a port again once it is released).
+    # Every fleet door and cluster head has a metrics door too, on a port of its own
+    # (free_port() may give a port again once it is released).
     taken = set(ports.values())
     for name, (template, task_vars) in list(tasks.items()):
-        if "fleet" in template:
+        if "fleet" in template or "cluster" in template:
             port = free_port()
             while port in taken:
                 port = free_port()
@@ -415,7 +442,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     )
     assert run.returncode == 0, run.output[-3000:]
     doors = {name: Door(name, ports[name], name in (*TLS_DOORS, "host-own-keys")) for name in tasks}
-    return doors | {"metrics": Door("metrics", ports["metrics"])}
+    return doors | {name: Door(name, ports[name]) for name in SECOND_LISTENERS}
 
 
 def credentials(directory: Path) -> Path:
@@ -507,7 +534,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     processes = {}
     try:
         for door in doors.values():
-            if door.name != "metrics":  # the host door's second listener
+            if door.name not in SECOND_LISTENERS:
                 processes[door.name] = start(door, directory, given)
         yield FrontDoors(doors, server, directory, processes, refusing)
     finally:
@@ -747,6 +774,32 @@ def test_the_metrics_door_closes_a_connection_from_another_address(front):
     # The door takes scrapes from ADDRESS (the monitors' sources) alone.
     with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
         send(front, "metrics", "GET", f"/metrics/{INSTANCE}", bearer(SCRAPE), source=STRANGER)
+
+
+def test_a_cluster_heads_metrics_door_asks_llama_server_with_its_key(front):
+    outcome = send(front, "cluster-llamacpp-metrics", "GET", "/metrics/llamacpp", bearer(SCRAPE))
+    assert outcome.status == 200
+    # llama-server with an API key asks it on /metrics too: the door sends the backend
+    # credential, never the scrape token.
+    [seen] = outcome.reached
+    assert (seen.path, seen.headers["authorization"]) == ("/metrics", f"Bearer {BACKEND}")
+    assert (
+        send(front, "cluster-llamacpp-metrics", "GET", "/metrics/node", bearer(SCRAPE)).status
+        == 200
+    )
+    assert send(front, "cluster-llamacpp-metrics", "GET", "/metrics/llamacpp").status == 401
+
+
+def test_a_cluster_member_that_is_not_the_head_serves_its_node_alone(front):
+    outcome = send(front, "cluster-member", "GET", "/metrics/node", bearer(SCRAPE))
+    assert outcome.status == 200 and outcome.reached[0].path == "/metrics"
+    assert "authorization" not in outcome.reached[0].headers
+    for path in ("/metrics/vllm", "/metrics/llamacpp", "/v1/completions", "/health"):
+        outcome = send(front, "cluster-member", "GET", path, bearer(SCRAPE))
+        assert (outcome.status, outcome.reached) == (403, []), path
+    assert send(front, "cluster-member", "GET", "/metrics/node", bearer(KEY)).status == 401
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        send(front, "cluster-member", "GET", "/metrics/node", bearer(SCRAPE), source=STRANGER)
 
 
 @pytest.mark.parametrize("door", TLS_DOORS)

@@ -127,6 +127,8 @@ class Rendered:
 def _task_vars(tasks_file: str, name: str) -> dict:
     """The vars: of the task NAME in a role's tasks file: the test renders with them too."""
     tasks = yaml.safe_load((REPO / tasks_file).read_text())
+    # A block's tasks too.
+    tasks += [inner for task in tasks for inner in task.get("block", [])]
     return next(task for task in tasks if task.get("name") == name).get("vars", {})
 
 
@@ -284,15 +286,22 @@ def rendered(tmp_path_factory) -> Rendered:
     cpus = len(hybrid["hybrid"]["cpus_allowed"])
     expected[name] = llamacpp(hybrid, DEEPSEEK["layers"], cpus, cpus)
     cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
+    metrics_door = _task_vars("roles/cluster/tasks/metrics.yml", "Render the metrics door's unit")
     tasks += [
         _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
         _task("socketwise-fleet.service", "socketwise-fleet.service.j2", "single", {}),
         _task("head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
               {"socketwise_cluster_plan": pp} | cluster_lb),
+        # A monitored head's, and a monitored member's metrics door alone.
+        _task("monitored-head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
+              {"socketwise_cluster_plan": pp} | cluster_lb | {"__vllm_service_monitored": True}),
+        _task("follower-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "follower",
+              {"socketwise_cluster_plan": pp} | metrics_door),
     ]  # fmt: skip
     expected |= dict.fromkeys(
-        ["socketwise-lb.service", "socketwise-fleet.service", "head-socketwise-cluster-lb.service"]
-    )
+        ["socketwise-lb.service", "socketwise-fleet.service", "head-socketwise-cluster-lb.service",
+         "monitored-head-socketwise-cluster-lb.service", "follower-socketwise-cluster-lb.service"]
+    )  # fmt: skip
 
     play = {
         "name": "Render every unit kind",
@@ -432,8 +441,10 @@ print(json.dumps(seen))
                     reason="needs nft and unshare")  # fmt: skip
 def test_a_door_copies_only_the_keys_its_role_writes(rendered):
     """A host's door copies the client keys and the monitors' scrape token (secrets.yml
-    writes both); a cluster head's door, which has no metrics door, only the client keys
-    (its role writes no scrape-keys: a copy of it would stop the door from starting)."""
+    writes both); a cluster head's door only the client keys unless a host monitors it
+    (its role writes scrape-keys only then: a copy of a missing file would stop the door
+    from starting); a monitored member that is not the head only the scrape token, and
+    reads no backend credential (its metrics door sends none)."""
     copied = {
         name: re.findall(r"^ExecStartPre=\+/usr/bin/install -m 0400 (\S+)", unit.read_text(), re.M)
         for name, unit in rendered.units.items()
@@ -444,6 +455,14 @@ def test_a_door_copies_only_the_keys_its_role_writes(rendered):
         "client-keys", "scrape-keys"
     ]  # fmt: skip
     assert [Path(p).name for p in copied["head-socketwise-cluster-lb.service"]] == ["client-keys"]
+    assert [Path(p).name for p in copied["monitored-head-socketwise-cluster-lb.service"]] == [
+        "client-keys", "scrape-keys"
+    ]  # fmt: skip
+    assert [Path(p).name for p in copied["follower-socketwise-cluster-lb.service"]] == [
+        "scrape-keys"
+    ]
+    follower = rendered.units["follower-socketwise-cluster-lb.service"].read_text()
+    assert "EnvironmentFile" not in follower and "LoadCredential" not in follower
 
 
 def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
