@@ -4,6 +4,7 @@ real Prometheus (tests/test_rollout_lab.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -43,6 +44,39 @@ def test_every_planned_engine_is_a_target_with_the_kits_labels():
         doors["lb"]["targets"] == ["[fd00::5]:9181"] and doors["lb"]["labels"]["layout"] == "fleet"
     )
     assert doors["h1"]["labels"]["__metrics_path__"] == "/metrics/door"
+
+
+def test_a_cluster_is_scraped_at_its_heads_engine_and_every_members_node_and_door():
+    """Through the monitor role's filter, from hostvars as deploy.yml leaves them: a vLLM
+    follower or an RPC server has no /metrics, the head's engine speaks for the pipeline;
+    a member the cluster's plan leaves out is not scraped."""
+    spec = importlib.util.spec_from_file_location(
+        "socketwise_monitor", REPO / "roles/monitor/filter_plugins/socketwise_monitor.py"
+    )
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    plan = {"layout": "pp", "head": "c1", "hosts": [{"host": "c1"}, {"host": "c2"}]}
+    member = {"socketwise_cluster": "a", "socketwise_engine": "llamacpp",
+              "socketwise_cluster_plan": plan, "vllm_service_metrics_port": "9180"}  # fmt: skip
+    hostvars = {
+        name: member | {"vllm_service_metrics_address": address}
+        for name, address in [("c1", "10.0.0.1"), ("c2", "10.0.0.2"), ("c3", "10.0.0.3")]
+    }
+    jobs = plugin.socketwise_scrape_targets(["c1", "c2", "c3"], [], hostvars)
+    [engine] = jobs["socketwise-engines"]
+    assert engine["targets"] == ["10.0.0.1:9180"]
+    assert engine["labels"] | {"hardware_class": ""} == {
+        "__metrics_path__": "/metrics/llamacpp",
+        "instance": "c1/llamacpp",
+        "host": "c1",
+        "layout": "pp",
+        "hardware_class": "",
+        "cluster": "a",
+        "socketwise_instance": "llamacpp",
+    }
+    for job in ("socketwise-nodes", "socketwise-doors"):
+        assert [t["labels"]["host"] for t in jobs[job]] == ["c1", "c2"]
+        assert {t["labels"]["cluster"] for t in jobs[job]} == {"a"}
 
 
 def test_retention_is_a_share_of_the_disk_and_never_below_a_gib():

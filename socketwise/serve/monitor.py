@@ -42,6 +42,17 @@ def _labels(host: dict, layout: str) -> dict[str, str]:
     }
 
 
+def cluster_host_plan(cluster_plan: dict | None, host: str, engine: str) -> dict | None:
+    """What a monitor scrapes on HOST, a member of a cluster planned as CLUSTER_PLAN, in a
+    host plan's shape: the head's engine (named ENGINE, `vllm` or `llamacpp`: its /metrics
+    covers the whole pipeline) and nothing else; the node exporter and door come with every
+    host. None when the plan leaves HOST out (or this run planned no cluster)."""
+    if not cluster_plan or host not in [member["host"] for member in cluster_plan["hosts"]]:
+        return None
+    head = host == cluster_plan["head"]
+    return {"layout": cluster_plan["layout"], "instances": [{"name": engine}] if head else []}
+
+
 def scrape_targets(serving: list[dict], doors: list[dict]) -> dict[str, list[dict]]:
     """{job: static_configs}: one engine target per planned instance (labelled with its
     `socketwise_instance`), one node exporter and one front door per serving host, and

@@ -7,12 +7,22 @@ import sys
 from pathlib import Path
 
 try:
-    from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
+    from socketwise.serve.monitor import (
+        cluster_host_plan,
+        duration_seconds,
+        retention_bytes,
+        scrape_targets,
+    )
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
+    from socketwise.serve.monitor import (
+        cluster_host_plan,
+        duration_seconds,
+        retention_bytes,
+        scrape_targets,
+    )
 
 
 def _door(found, host):
@@ -25,15 +35,21 @@ def _door(found, host):
 
 def socketwise_scrape_targets(serving, doors, hostvars):
     """{job: static_configs} for the serving hosts SERVING that this run planned (a cluster
-    member's door has no metrics door yet) and the fleet doors DOORS."""
+    member by its cluster's plan) and the fleet doors DOORS."""
     hosts = []
     for host in serving:
         found = hostvars[host]
-        plan = found.get("socketwise_plan")
-        if not plan or found.get("socketwise_cluster"):
-            continue
         build = found.get("socketwise_build") or {}
-        hosts.append(_door(found, host) | {"plan": plan, "hardware_class": build.get("class")})
+        if found.get("socketwise_cluster"):
+            plan = cluster_host_plan(
+                found.get("socketwise_cluster_plan"), host, found.get("socketwise_engine", "vllm")
+            )
+        else:
+            plan = found.get("socketwise_plan")
+        if not plan:
+            continue
+        labels = {"hardware_class": build.get("class"), "cluster": found.get("socketwise_cluster")}
+        hosts.append(_door(found, host) | {"plan": plan} | labels)
     return scrape_targets(hosts, [_door(hostvars[door], door) for door in doors])
 
 
