@@ -32,6 +32,9 @@ GREEDY = {"model": "tiny-llama", "prompt": "socketwise says hello", "max_tokens"
 # A host outside the cluster: the lab's machines share one network, so a test plays one
 # by binding its socket to an address no member has.
 STRANGER = "127.0.0.250"
+# A monitor host of the inventory's, which no deploy reaches: the metrics doors take its
+# address and the lab's extra source (127.0.0.1) alone.
+WATCHER, WATCHER_ADDRESS = "watcher", "127.0.0.249"
 
 
 def knock(address: str, port: int, source: str) -> str:
@@ -66,6 +69,9 @@ class Cluster:
     key: str
     engine: str = "llamacpp"
     extra_vars: str = ""  # more YAML lines of cluster `a`'s vars
+    # Whether the inventory has a monitor host (WATCHER, outside the lab: no deploy
+    # reaches it), so that every member serves its metrics door.
+    monitored: bool = False
 
     def inventory(self, members: list[str]) -> Path:
         """The lab inventory with MEMBERS in cluster `a`, headed by cluster1."""
@@ -80,6 +86,9 @@ class Cluster:
             f"        socketwise_cluster_head: {HEAD}\n        socketwise_engine: {self.engine}\n"
             + self.extra_vars
         )
+        if self.monitored:
+            hosts += f"    socketwise_monitor:\n      hosts:\n        {WATCHER}:\n"
+            hosts += f"          ansible_host: {WATCHER_ADDRESS}\n"
         (inventory / "hosts.yml").write_text(hosts)
         return inventory / "hosts.yml"
 
@@ -161,7 +170,7 @@ class Cluster:
 
 @contextmanager
 def lab_cluster(tmp_path_factory, preinstalled: bool = False, **options) -> Iterator[Cluster]:
-    """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars), booted with
+    """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars, monitored), booted with
     CAP_NET_ADMIN for the cluster's nftables tables."""
     with (
         named_lab(LAB),

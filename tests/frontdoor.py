@@ -104,6 +104,26 @@ def answers(address: str, port: int) -> bool:
         return False
 
 
+# The metrics door's port in the lab (vllm_service_metrics_port's default).
+METRICS_PORT = 9180
+
+
+def scrape(
+    address: str, path: str, token: str | None, source: str = "127.0.0.1"
+) -> tuple[int, str]:
+    """(status, body) of a GET of PATH at a metrics door, with TOKEN as the bearer, from
+    SOURCE (the lab's extra metrics source by default)."""
+    connection = http.client.HTTPConnection(address, METRICS_PORT, timeout=10,
+                                            source_address=(source, 0))  # fmt: skip
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        connection.request("GET", path, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode(errors="replace")
+    finally:
+        connection.close()
+
+
 # Runs on the host with the key on standard input, so the key is in no command line.
 _FIND_ON_HOST = r"""
 import glob, os, subprocess, sys

@@ -24,6 +24,7 @@ import pytest
 
 from socketwise.common.paths import cache_dir
 from socketwise.facts.topology import parse_cpulist
+from socketwise.lab.common import scrape_token_path
 
 from . import frontdoor
 from .clusters import (
@@ -35,6 +36,7 @@ from .clusters import (
     RPC_PORT,
     RPC_UNIT,
     STRANGER,
+    WATCHER_ADDRESS,
     Cluster,
     controller_tables,
     knock,
@@ -77,7 +79,8 @@ def buffers_mib(cluster: Cluster) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    with lab_cluster(tmp_path_factory) as built:
+    # A monitor host in the inventory: every member serves a metrics door.
+    with lab_cluster(tmp_path_factory, monitored=True) as built:
         yield built
 
 
@@ -169,6 +172,34 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
     assert status == 403
     for host in ("cluster1", "cluster2"):
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
+
+
+def test_the_metrics_doors_serve_the_heads_engine_and_every_members_node(
+    cluster: Cluster, two_hosts
+):
+    """What a monitor host scrapes: llama-server's figures for the whole pipeline at the
+    head's door (the door sends llama-server its key), each member's node exporter and
+    door; the scrape token alone opens them, and from a monitor's address alone."""
+    token = scrape_token_path().read_text().strip()
+    head, worker = cluster.cluster_address(HEAD), cluster.cluster_address("cluster2")
+    status, body = frontdoor.scrape(head, "/metrics/llamacpp", token)
+    assert status == 200 and "llamacpp:prompt_tokens_total" in body, body[:300]
+    for host, address in (("cluster1", head), ("cluster2", worker)):
+        status, body = frontdoor.scrape(address, "/metrics/node", token)
+        assert status == 200 and "node_memory_MemAvailable_bytes" in body, host
+        status, body = frontdoor.scrape(address, "/metrics/door", token)
+        assert status == 200 and "haproxy_process_" in body, host
+        assert frontdoor.scrape(address, "/metrics/node", cluster.key)[0] == 401, host
+        # The monitor's address is let in (its scrape is a 401 without the token).
+        assert frontdoor.scrape(address, "/metrics/node", None, WATCHER_ADDRESS)[0] == 401
+        with pytest.raises(ConnectionError):
+            frontdoor.scrape(address, "/metrics/node", token, source=STRANGER)
+        # On the metrics address alone.
+        assert not frontdoor.answers(cluster.address(host), frontdoor.METRICS_PORT), host
+        assert frontdoor.key_places_on_host(cluster.machines[host], token) == [], host
+    # A worker serves no engine: an RPC server has no /metrics.
+    assert frontdoor.scrape(worker, "/metrics/llamacpp", token)[0] == 403
+    assert token not in two_hosts.output
 
 
 def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):

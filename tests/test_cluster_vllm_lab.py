@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from socketwise.facts.topology import parse_cpulist
+from socketwise.lab.common import scrape_token_path
 from socketwise.measure import hostcount
 from socketwise.measure.sweep import Profile
 
@@ -65,8 +66,9 @@ def stage_pids(cluster: Cluster, host: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    # A monitor host in the inventory: every member serves a metrics door.
     with lab_cluster(
-        tmp_path_factory, preinstalled=True, engine="vllm", extra_vars=LAB_VARS
+        tmp_path_factory, preinstalled=True, engine="vllm", extra_vars=LAB_VARS, monitored=True
     ) as built:
         yield built
 
@@ -148,6 +150,17 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
         unit = cluster.on(host, f"cat /etc/systemd/system/{STAGE_UNIT}")
         assert "IPAddressDeny=any" in unit
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
+
+
+def test_the_heads_metrics_door_serves_vllms_figures_for_the_pipeline(cluster: Cluster, two_hosts):
+    # Stage 0's API server reports for every stage; a headless follower has no /metrics.
+    token = scrape_token_path().read_text().strip()
+    status, body = frontdoor.scrape(cluster.cluster_address(HEAD), "/metrics/vllm", token)
+    assert status == 200 and "vllm:num_requests_running" in body, body[:300]
+    follower = cluster.cluster_address("cluster2")
+    status, body = frontdoor.scrape(follower, "/metrics/node", token)
+    assert status == 200 and "node_memory_MemAvailable_bytes" in body
+    assert frontdoor.scrape(follower, "/metrics/vllm", token)[0] == 403
 
 
 def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):

@@ -45,7 +45,7 @@ HOST = "lab1"
 ADDRESS = "127.0.0.11"
 # The lab's private address for the vLLM instances and the metrics listener.
 BACKEND = "127.1.0.11"
-METRICS_PORT = 9180
+METRICS_PORT = frontdoor.METRICS_PORT
 INVENTORY = "inventories/lab"
 # Where systemd-analyze's exposure score of every socketwise unit must stay.
 MAX_EXPOSURE = 4.0

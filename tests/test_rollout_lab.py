@@ -86,7 +86,6 @@ LOAD_REQUEST = {"model": "tiny-llama", "prompt": "socketwise rolls out", "max_to
 MONITOR = DOOR
 SCRAPE_INTERVAL = 5
 PROMETHEUS_PORT = 9090
-METRICS_PORT = 9180
 MONITOR_VARS = {
     "monitor_scrape_interval": f"{SCRAPE_INTERVAL}s",
     "monitor_group_wait": "1s",
@@ -592,27 +591,16 @@ def test_the_monitor_scrapes_every_engine_node_and_door_with_all_targets_up(flee
     assert jobs["socketwise-doors"][DOOR]["labels"]["layout"] == "fleet"
 
 
-def _scrape(address: str, path: str, token: str | None, source: str = "127.0.0.1") -> int:
-    connection = http.client.HTTPConnection(address, METRICS_PORT, timeout=10,
-                                            source_address=(source, 0))  # fmt: skip
-    try:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        connection.request("GET", path, headers=headers)
-        return connection.getresponse().status
-    finally:
-        connection.close()
-
-
 def test_the_metrics_door_asks_for_the_scrape_token_and_takes_only_the_monitor(fleet, noop):
     token = scrape_token_path().read_text().strip()
     door = fleet.machines[SN_HOST].address.replace("127.0.", "127.1.", 1)
     for path in ("/metrics/vllm-sn", "/metrics/node", "/metrics/door"):
-        assert _scrape(door, path, token) == 200, path
+        assert frontdoor.scrape(door, path, token)[0] == 200, path
         for wrong in (None, api_key_path().read_text().strip(), token[:-1]):
-            assert _scrape(door, path, wrong) == 401, (path, wrong)
+            assert frontdoor.scrape(door, path, wrong)[0] == 401, (path, wrong)
     # From an address no monitor scrapes from, the door closes the connection.
     with pytest.raises(ConnectionError):
-        _scrape(door, "/metrics/vllm-sn", token, source="127.0.0.99")
+        frontdoor.scrape(door, "/metrics/vllm-sn", token, source="127.0.0.99")
     # The public doors keep refusing /metrics, with the token too.
     key = api_key_path().read_text().strip()
     assert frontdoor.call(fleet.machines[SN_HOST].address, FLEET_PORT, "/metrics", key)[0] == 403
