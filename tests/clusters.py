@@ -56,10 +56,16 @@ def table(host: str) -> str:
 
 
 def controller_tables() -> list[str]:
-    """The cluster tables in the network namespace the lab's machines share."""
+    """The kit's tables in the network namespace the lab's machines share: each member's
+    cluster table and, monitored, its metrics door's."""
     listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True)
     lines = listed.stdout.splitlines()
-    return [line.split()[-1] for line in lines if "socketwise_cluster_" in line]
+    return [line.split()[-1] for line in lines if re.search("socketwise_(cluster|metrics)_", line)]
+
+
+def tables_of(hosts: list[str]) -> list[str]:
+    """The kit's tables of HOSTS left in the shared network namespace."""
+    return [t for t in controller_tables() if t.rsplit("_", 1)[-1] in hosts]
 
 
 @dataclass

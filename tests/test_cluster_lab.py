@@ -42,6 +42,7 @@ from .clusters import (
     knock,
     lab_cluster,
     table,
+    tables_of,
 )
 from .playbooks import BIN, REPO, PlaybookRun
 
@@ -179,7 +180,8 @@ def test_the_metrics_doors_serve_the_heads_engine_and_every_members_node(
 ):
     """What a monitor host scrapes: llama-server's figures for the whole pipeline at the
     head's door (the door sends llama-server its key), each member's node exporter and
-    door; the scrape token alone opens them, and from a monitor's address alone."""
+    door; the scrape token alone opens them, and from a monitor's address alone (the
+    kernel resets anyone else)."""
     token = scrape_token_path().read_text().strip()
     head, worker = cluster.cluster_address(HEAD), cluster.cluster_address("cluster2")
     status, body = frontdoor.scrape(head, "/metrics/llamacpp", token)
@@ -192,8 +194,9 @@ def test_the_metrics_doors_serve_the_heads_engine_and_every_members_node(
         assert frontdoor.scrape(address, "/metrics/node", cluster.key)[0] == 401, host
         # The monitor's address is let in (its scrape is a 401 without the token).
         assert frontdoor.scrape(address, "/metrics/node", None, WATCHER_ADDRESS)[0] == 401
-        with pytest.raises(ConnectionError):
-            frontdoor.scrape(address, "/metrics/node", token, source=STRANGER)
+        # Anyone else is reset by the kernel, the host's metrics table.
+        assert knock(address, frontdoor.METRICS_PORT, STRANGER) == "ConnectionRefusedError"
+        assert f"socketwise_metrics_{host}" in controller_tables(), host
         # On the metrics address alone.
         assert not frontdoor.answers(cluster.address(host), frontdoor.METRICS_PORT), host
         assert frontdoor.key_places_on_host(cluster.machines[host], token) == [], host
@@ -356,7 +359,7 @@ def test_removing_the_cluster_stops_and_removes_every_server(cluster: Cluster, t
         assert cluster.on(host, "ls /etc/socketwise 2>/dev/null || true") == ""
     assert not frontdoor.answers(cluster.cluster_address("cluster2"), RPC_PORT)
     # Each member's filter went with its units.
-    assert [t for t in controller_tables() if t in map(table, members)] == []
+    assert tables_of(members) == []
 
 
 def test_a_hybrid_moe_server_runs_its_plan_on_one_host_through_the_front_door(

@@ -31,10 +31,10 @@ from .clusters import (
     PORT,
     STRANGER,
     Cluster,
-    controller_tables,
     knock,
     lab_cluster,
     table,
+    tables_of,
 )
 from .playbooks import PlaybookRun
 
@@ -260,6 +260,6 @@ def test_removing_the_cluster_stops_and_removes_every_stage(cluster: Cluster, tw
     assert listening == ""
     # Each member's filter went with its units, its rules and the stage's hosts file with
     # the cluster's directory.
-    assert [t for t in controller_tables() if t in map(table, members)] == []
+    assert tables_of(members) == []
     for host in members:
         assert cluster.on(host, "ls /etc/socketwise/cluster 2>/dev/null || true") == "", host

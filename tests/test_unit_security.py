@@ -57,6 +57,11 @@ FIREWALL = [
     ("socketwise-cluster-firewall.service.j2", "socketwise-cluster-firewall.service"),
 ]
 FIREWALL_CAP = ("256M", "16")
+# A monitored host's filter of its metrics door, and its unit.
+METRICS_FIREWALL = [
+    ("metrics-firewall.nft.j2", "metrics-firewall.nft"),
+    ("socketwise-metrics-firewall.service.j2", "socketwise-metrics-firewall.service"),
+]
 # llama.cpp's cluster model, as socketwise.plan.modelfile.describe reports a GGUF: 32 layers
 # of 8 KV heads of 128, f16 keys and values.
 GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
@@ -287,6 +292,12 @@ def rendered(tmp_path_factory) -> Rendered:
     expected[name] = llamacpp(hybrid, DEEPSEEK["layers"], cpus, cpus)
     cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
     metrics_door = _task_vars("roles/cluster/tasks/metrics.yml", "Render the metrics door's unit")
+    # The head's metrics door, which its follower's address (a monitor's) may reach.
+    monitored = {"vllm_service_metrics_address": MEMBERS["head"],
+                 "__vllm_service_metrics_sources": [MEMBERS["follower"]]}  # fmt: skip
+    for template, dest in METRICS_FIREWALL:
+        tasks.append(_task(f"head-{dest}", template, "head", monitored))
+    expected[f"head-{METRICS_FIREWALL[1][1]}"] = FIREWALL_CAP
     tasks += [
         _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
         _task("socketwise-fleet.service", "socketwise-fleet.service.j2", "single", {}),
@@ -437,8 +448,6 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None,
-                    reason="needs nft and unshare")  # fmt: skip
 def test_a_door_copies_only_the_keys_its_role_writes(rendered):
     """A host's door copies the client keys and the monitors' scrape token (secrets.yml
     writes both); a cluster head's door only the client keys unless a host monitors it
@@ -465,6 +474,45 @@ def test_a_door_copies_only_the_keys_its_role_writes(rendered):
     assert "EnvironmentFile" not in follower and "LoadCredential" not in follower
 
 
+NEEDS_NFT = pytest.mark.skipif(
+    shutil.which("nft") is None or shutil.which("unshare") is None, reason="needs nft and unshare"
+)
+
+
+@NEEDS_NFT
+def test_the_metrics_filter_lets_only_the_monitors_reach_the_metrics_door(rendered):
+    """The rendered table of a host whose monitor is at the follower's address, loaded as
+    its unit loads it, in a network namespace of the test's own: the monitor connects to
+    the metrics door (9180), the stranger and the host's own address are reset; another
+    port stays open. The unit's stop removes the table."""
+    rules = rendered.directory / "head-metrics-firewall.nft"
+    unit = rendered.units["head-socketwise-metrics-firewall.service"].read_text()
+    stop = re.search(r"^ExecStop=(.*)$", unit, re.MULTILINE).group(1)
+    stranger = "10.0.0.99"
+    script = f"""
+set -e
+ip link set lo up
+for a in {MEMBERS["head"]} {MEMBERS["follower"]} {stranger}; do ip addr add $a/32 dev lo; done
+nft -f {rules}
+nft -f {rules}
+echo "tables: $(nft list tables | grep -c socketwise_metrics_head)"
+{sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), stranger, "9180", "8000"])}
+{stop}
+echo "after stop: $(nft list tables | grep -c socketwise_metrics_head || true)"
+"""
+    done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "tables: 1"
+    seen = json.loads(lines[1])
+    assert seen[f"{MEMBERS['follower']} 9180"] == "connected", seen
+    assert seen[f"{MEMBERS['head']} 9180"] == "ConnectionRefusedError", seen
+    assert seen[f"{stranger} 9180"] == "ConnectionRefusedError", seen
+    assert seen[f"{stranger} 8000"] == "connected", seen
+    assert lines[2] == "after stop: 0"
+
+
+@NEEDS_NFT
 def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
     """The head's rendered nftables file, loaded as its unit loads it, in a network
     namespace of the test's own holding the members' addresses and a stranger's: a new

@@ -70,7 +70,7 @@ from socketwise.lab.nspawn import (
     net_admin_granted,
     nspawn_processes,
     proc_is_writable,
-    remove_cluster_tables,
+    remove_kit_tables,
     remove_lab_cgroups,
     remove_nspawn_leftovers,
     remove_tree,
@@ -564,7 +564,7 @@ def down(purge: bool = False) -> None:
         for leftover in unmount_under(lab_dir()):
             say(f"unmounted leftover {leftover}")
         remove_nspawn_leftovers()
-        for table in remove_cluster_tables(lab_name()):
+        for table in remove_kit_tables(lab_name()):
             say(f"removed the nftables table {table}, which a machine left in the shared network")
         remove_lab_cgroups()
         state_path().unlink(missing_ok=True)

@@ -199,15 +199,17 @@ def net_admin_granted(nspawn_pid: int) -> bool | None:
     return NET_ADMIN_ARG.encode() in argv
 
 
-def remove_cluster_tables(lab: str) -> list[str]:
-    """Delete the nftables tables the cluster role named for machines of the lab LAB
-    (`inet socketwise_cluster_<machine>`): the machines share the controller's network
-    namespace, so a table stays in it when a machine dies without stopping its units.
-    Returns the tables deleted."""
+def remove_kit_tables(lab: str) -> list[str]:
+    """Delete the nftables tables the kit named for machines of the lab LAB (`inet
+    socketwise_cluster_<machine>`, the cluster's engine ports, and `inet
+    socketwise_metrics_<machine>`, a metrics door's): the machines share the controller's
+    network namespace, so a table stays in it when a machine dies without stopping its
+    units. Returns the tables deleted."""
     if shutil.which("nft") is None:
         return []
     listed = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
-    ours = re.compile("socketwise_cluster_" + re.escape(re.sub(r"[^A-Za-z0-9]", "_", lab)) + r"\d+")
+    machine = re.escape(re.sub(r"[^A-Za-z0-9]", "_", lab)) + r"\d+"
+    ours = re.compile("socketwise_(cluster|metrics)_" + machine)
     deleted = []
     for line in listed.stdout.splitlines():
         words = line.split()
