@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -279,6 +280,7 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
     token = tmp_path / "scrape-token"
     token.write_text("scrape-" + "t" * 24 + "\n")
     given = {"vllm_service_metrics_token_file": str(token)}
+    held = socket.create_server(("127.0.0.1", 0))
     for bad, words in (
         (
             {"monitor_scrape_interval": "15"},
@@ -291,7 +293,14 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
             "monitor_alert_webhook_url=ftp://x: give an http:// or https:// URL",
         ),
         ({"vllm_service_metrics_sources": ["0.0.0.0"]}, "vllm_service_metrics_sources='0.0.0.0'"),
+        # A Prometheus of the host's own (this test's listener) holds the port.
+        (
+            {"monitor_prometheus_port": held.getsockname()[1]},
+            f"monitor_prometheus_port={held.getsockname()[1]}: port {held.getsockname()[1]} "
+            "on 127.0.0.1 is held by",
+        ),
     ):
         run = check(inventory, given | bad, "--limit=mon-01")
         assert refusal(run).startswith(f"mon-01: {words}"), refusal(run)
         assert "TASK [topology" not in run.output
+    held.close()
