@@ -479,74 +479,67 @@ NEEDS_NFT = pytest.mark.skipif(
 )
 
 
-@NEEDS_NFT
-def test_the_metrics_filter_lets_only_the_monitors_reach_the_metrics_door(rendered):
-    """The rendered table of a host whose monitor is at the follower's address, loaded as
-    its unit loads it, in a network namespace of the test's own: the monitor connects to
-    the metrics door (9180), the stranger and the host's own address are reset; another
-    port stays open. The unit's stop removes the table."""
-    rules = rendered.directory / "head-metrics-firewall.nft"
-    unit = rendered.units["head-socketwise-metrics-firewall.service"].read_text()
-    stop = re.search(r"^ExecStop=(.*)$", unit, re.MULTILINE).group(1)
-    stranger = "10.0.0.99"
+STRANGER = "10.0.0.99"
+
+
+def load_and_knock(rendered, rules: str, unit: str, table: str, ports: list[str]) -> dict:
+    """The rendered nftables file RULES, loaded twice as its UNIT loads it, in a network
+    namespace of the test's own holding the members' addresses and a stranger's; then a
+    connection to each of PORTS on the head from each address, then the unit's stop.
+    {"tables": the count of TABLE after the loads, "seen": {"<source> <port>": what the
+    connection did}, "after_stop": the count of TABLE after the stop}."""
+    text = rendered.units[unit].read_text()
+    stop = re.search(r"^ExecStop=(.*)$", text, re.MULTILINE).group(1)
     script = f"""
 set -e
 ip link set lo up
-for a in {MEMBERS["head"]} {MEMBERS["follower"]} {stranger}; do ip addr add $a/32 dev lo; done
-nft -f {rules}
-nft -f {rules}
-echo "tables: $(nft list tables | grep -c socketwise_metrics_head)"
-{sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), stranger, "9180", "8000"])}
+for a in {MEMBERS["head"]} {MEMBERS["follower"]} {STRANGER}; do ip addr add $a/32 dev lo; done
+nft -f {rendered.directory / rules}
+nft -f {rendered.directory / rules}
+echo "$(nft list tables | grep -c {table})"
+{sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), STRANGER, *ports])}
 {stop}
-echo "after stop: $(nft list tables | grep -c socketwise_metrics_head || true)"
+echo "$(nft list tables | grep -c {table} || true)"
 """
     done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "tables: 1"
-    seen = json.loads(lines[1])
+    tables, seen, after_stop = done.stdout.splitlines()
+    return {"tables": int(tables), "seen": json.loads(seen), "after_stop": int(after_stop)}
+
+
+@NEEDS_NFT
+def test_the_metrics_filter_lets_only_the_monitors_reach_the_metrics_door(rendered):
+    """The table of a host whose monitor is at the follower's address: the monitor connects
+    to the metrics door (9180), the stranger and the host's own address are reset; another
+    port stays open. Loading it again keeps one table, and the unit's stop removes it."""
+    found = load_and_knock(rendered, "head-metrics-firewall.nft",
+                           "head-socketwise-metrics-firewall.service", "socketwise_metrics_head",
+                           ["9180", "8000"])  # fmt: skip
+    seen = found["seen"]
+    assert (found["tables"], found["after_stop"]) == (1, 0)
     assert seen[f"{MEMBERS['follower']} 9180"] == "connected", seen
     assert seen[f"{MEMBERS['head']} 9180"] == "ConnectionRefusedError", seen
-    assert seen[f"{stranger} 9180"] == "ConnectionRefusedError", seen
-    assert seen[f"{stranger} 8000"] == "connected", seen
-    assert lines[2] == "after stop: 0"
+    assert seen[f"{STRANGER} 9180"] == "ConnectionRefusedError", seen
+    assert seen[f"{STRANGER} 8000"] == "connected", seen
 
 
 @NEEDS_NFT
 def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
-    """The head's rendered nftables file, loaded as its unit loads it, in a network
-    namespace of the test's own holding the members' addresses and a stranger's: a new
-    connection to an engine port from a member connects, from the stranger it is reset;
-    the host's other ports stay as they were. Loading it again keeps one table, and the
-    unit's stop removes it."""
-    rules = rendered.directory / "head-firewall.nft"
-    unit = rendered.units["head-socketwise-cluster-firewall.service"].read_text()
-    stop = re.search(r"^ExecStop=(.*)$", unit, re.MULTILINE).group(1)
-    stranger = "10.0.0.99"
+    """The head's table: a new connection to an engine port from a member connects, from
+    the stranger it is reset; the host's other ports stay as they were. Loading it again
+    keeps one table, and the unit's stop removes it."""
     ports = ["29501", str(EPHEMERAL[0] + 1234), "8000"]
-    script = f"""
-set -e
-ip link set lo up
-for a in {MEMBERS["head"]} {MEMBERS["follower"]} {stranger}; do ip addr add $a/32 dev lo; done
-nft -f {rules}
-nft -f {rules}
-echo "tables: $(nft list tables | grep -c socketwise_cluster_head)"
-{sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), stranger, *ports])}
-{stop}
-echo "after stop: $(nft list tables | grep -c socketwise_cluster_head || true)"
-"""
-    done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "tables: 1"
-    seen = json.loads(lines[1])
+    found = load_and_knock(rendered, "head-firewall.nft",
+                           "head-socketwise-cluster-firewall.service", "socketwise_cluster_head",
+                           ports)  # fmt: skip
+    seen = found["seen"]
+    assert (found["tables"], found["after_stop"]) == (1, 0)
     for port in ports:
         assert seen[f"{MEMBERS['follower']} {port}"] == "connected", seen
         assert seen[f"{MEMBERS['head']} {port}"] == "connected", seen
-    assert seen[f"{stranger} 29501"] == "ConnectionRefusedError", seen
-    assert seen[f"{stranger} {ports[1]}"] == "ConnectionRefusedError", seen
-    assert seen[f"{stranger} 8000"] == "connected", seen
-    assert lines[2] == "after stop: 0"
+    assert seen[f"{STRANGER} 29501"] == "ConnectionRefusedError", seen
+    assert seen[f"{STRANGER} {ports[1]}"] == "ConnectionRefusedError", seen
+    assert seen[f"{STRANGER} 8000"] == "connected", seen
 
 
 def test_a_hybrid_server_opens_only_its_gpu_and_runs_the_plans_flags(rendered):
