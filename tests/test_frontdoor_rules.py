@@ -16,6 +16,7 @@ import base64
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -187,10 +188,22 @@ class _Refuse(BaseHTTPRequestHandler):
 # --- rendering and running the doors -----------------------------------------------------
 
 
+# Ports below the kernel's ephemeral range (32768 on): an outgoing connection of another
+# test never takes one between the check here and HAProxy's bind, as it could a port the
+# kernel once handed out. Each is given once.
+_PORTS = iter(range(random.randrange(20000, 27000), 30000))
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((ADDRESS, 0))
-        return probe.getsockname()[1]
+    """A port free on ADDRESS now, never given before."""
+    for port in _PORTS:
+        with socket.socket() as probe:
+            try:
+                probe.bind((ADDRESS, port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port left below 30000")
 
 
 @dataclass
@@ -385,16 +398,10 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
             },
         ),
     }
-    # Every fleet door and cluster head has a metrics door too, on a port of its own
-    # (free_port() may give a port again once it is released).
-    taken = set(ports.values())
+    # Every fleet door and cluster head has a metrics door too, on a port of its own.
     for name, (template, task_vars) in list(tasks.items()):
         if "fleet" in template or "cluster" in template:
-            port = free_port()
-            while port in taken:
-                port = free_port()
-            taken.add(port)
-            tasks[name] = (template, {"vllm_service_metrics_port": port} | task_vars)
+            tasks[name] = (template, {"vllm_service_metrics_port": free_port()} | task_vars)
     play = [
         {
             "name": "Render the front doors",
