@@ -123,6 +123,24 @@ def test_guidellm_s_result_becomes_the_same_summary_row_as_vllm_s(tmp_path):
     assert bench["benchmark_ended"] - bench["benchmark_started"] == pytest.approx(1.424, abs=0.01)
 
 
+def test_the_reasons_guidellm_gave_for_failed_requests_are_kept(tmp_path):
+    report = json.loads((FIXTURES / "concurrent-2.json").read_text())
+    (bench,) = report["benchmarks"]
+    requests = bench["requests"]
+    for kind, error in (("errored", "HTTPStatusError: 503"), ("incomplete", None)):
+        failed = json.loads(json.dumps(requests["successful"].pop()))
+        failed["info"]["error"] = error
+        requests[kind] = [failed, failed] if error else [failed]
+    (tmp_path / "guidellm.json").write_text(json.dumps(report))
+    assert benchrun.guidellm_result(tmp_path, {"name": "c2", "concurrency": 2}) is None
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["failure_reasons"] == {"HTTPStatusError: 503": 2, "incomplete": 1}
+    # A step with none says nothing of it.
+    shutil.copy(FIXTURES / "concurrent-2.json", tmp_path / "guidellm.json")
+    benchrun.guidellm_result(tmp_path, {"name": "c2", "concurrency": 2})
+    assert "failure_reasons" not in json.loads((tmp_path / "bench.json").read_text())
+
+
 def test_a_guidellm_burst_is_refused_not_reported(tmp_path):
     shutil.copy(FIXTURES / "poisson-burst.json", tmp_path / "guidellm.json")
     assert benchrun.guidellm_result(tmp_path, {"name": "r4", "rate": 4.0}) == (

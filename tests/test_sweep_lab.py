@@ -227,8 +227,11 @@ def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
         rows = list(csv.DictReader(f))
     assert {r["host"] for r in rows} == {machines.served.name}  # the load generator serves nothing
     for layout in LAYOUTS:
-        assert all(r["failed"] == "0" for r in rows if r["layout"] == layout), rows
         steps = list((run_dir / "hosts" / SERVED / layout / "sweep").glob("*/step.json"))
+        why = {s.parent.name: json.loads((s.parent / "bench.json").read_text()) for s in steps}
+        assert all(r["failed"] == "0" for r in rows if r["layout"] == layout), {
+            name: bench.get("failure_reasons") for name, bench in why.items()
+        }
         assert len(steps) == 3
         for step in steps:
             record = json.loads(step.read_text())

@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from ..common.direct import bypassing_proxies, urlopen
@@ -232,6 +233,14 @@ def guidellm_result(step_dir: Path, step: dict) -> str | None:
     }
     if "time_per_output_token_ms" in metrics:  # 0.8.1 writes it; trimmed copies may not
         result["median_tpot_ms"] = successful("time_per_output_token_ms")["median"]
+    # Why requests failed, as the tool recorded them (it keeps a sample of each kind).
+    reasons = Counter(
+        str(r["info"].get("error") or kind)
+        for kind in ("errored", "incomplete")
+        for r in bench["requests"].get(kind) or []
+    )
+    if reasons:
+        result["failure_reasons"] = dict(reasons.most_common())
     (step_dir / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
     return None
 
