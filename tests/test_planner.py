@@ -241,7 +241,7 @@ def test_two_core_lab_host_runs_all_three_layouts_with_no_reserve():
         (8, 4, None, "sn", "at or below the SN/DP crossover 6 (default"),
         (8, None, None, "sn", "no expected concurrency"),
         (8, 8, None, "dp", "above the SN/DP crossover 6 (default"),
-        (8, 8, 10, "sn", "crossover 10 (measured)"),
+        (8, 8, 10, "sn", "crossover 10 (given in plan_crossover)"),
         (100, 1, None, "tp", "does not fit one NUMA node"),
     ],
 )

@@ -27,6 +27,8 @@ Rules (see docs/concepts/plan.md):
 - `auto`: TP only when the model does not fit one node; DP when the expected
   concurrency is above the SN/DP crossover (measured value if given, else
   DEFAULT_CROSSOVER from the field notes' dual-socket Broadwell); SN otherwise.
+- A value `socketwise calibrate` measured for the host's class (`measured`, see
+  `calibrated`) is used as given, and the reason says where it was measured.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ class PlanRequest:
     expert_gb: float | None = None
     layers: int | None = None
     dense_layers: int = 0
+    # What a calibration measured for this class, model and build and the deploy kept
+    # (calibrated.vet): planner names (reserve_cores, crossover, dtype) and `source`.
+    measured: dict | None = None
 
     @classmethod
     def from_values(cls, **values: object) -> PlanRequest:
@@ -80,6 +85,9 @@ class PlanRequest:
         for name, value in values.items():
             if name == "split_nodes":
                 value = str(value).lower() in ("1", "true", "yes", "on")
+            elif name == "measured" and value:
+                # A plain copy of Ansible's mapping: the plan records its request.
+                value = {str(key): item for key, item in dict(value).items()}  # type: ignore[call-overload]
             elif value is not None and value != "" and name in kinds:
                 try:
                     value = kinds[name](value)
@@ -227,6 +235,35 @@ def refuse_ranks_with_auto(request: PlanRequest) -> None:
         )
 
 
+def _measured_source(request: PlanRequest, name: str) -> str | None:
+    """ "measured in RUN (DATE)" when the request's NAME is the calibration's value."""
+    measured = request.measured or {}
+    if name not in measured:
+        return None
+    if name != "dtype" and getattr(request, name) != float(measured[name]):
+        return None
+    return str(measured["source"])
+
+
+def _measured_clauses(request: PlanRequest, build_of_host: dict) -> tuple[str, dict]:
+    """The reason's clause for a measured reserve, and the build with a measured dtype."""
+    clause = ""
+    reserve = _measured_source(request, "reserve_cores")
+    if reserve:
+        clause = (
+            f"; {request.reserve_cores} core(s) of each serving node kept for the front end "
+            f"and the OS, {reserve}"
+        )
+    dtype = _measured_source(request, "dtype")
+    if dtype:
+        chosen = str((request.measured or {})["dtype"])
+        build_of_host = build_of_host | {
+            "dtype": chosen,
+            "reason": f"{build_of_host['reason']}; dtype {chosen}, {dtype}",
+        }
+    return clause, build_of_host
+
+
 def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, str]:
     """Resolve `auto` into (layout, ranks, reason)."""
     size = f"model {request.model_gb:g} GB"
@@ -251,7 +288,11 @@ def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, s
             ),
         )
     crossover = request.crossover if request.crossover is not None else DEFAULT_CROSSOVER
-    source = "measured" if request.crossover is not None else "default, not yet measured here"
+    source = (
+        "default, not yet measured here"
+        if request.crossover is None
+        else _measured_source(request, "crossover") or "given in plan_crossover"
+    )
     if request.concurrency is not None and request.concurrency > crossover:
         return (
             "dp",
@@ -333,6 +374,8 @@ def plan(topo: dict, request: PlanRequest) -> dict:
 
         return plan_gpus(topo, nodes, request, build_of_host)
     layout, ranks, reason = _decide(nodes, request)
+    clause, build_of_host = _measured_clauses(request, build_of_host)
+    reason += clause
     # Every layout sits behind the front door on the public port; the instances take the
     # ports after it, on a private address.
     port = request.port

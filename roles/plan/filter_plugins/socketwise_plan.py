@@ -1,17 +1,18 @@
-"""Ansible doors into socketwise.plan: the filters `socketwise_plan` and
+"""Ansible doors into socketwise.plan: the filters `socketwise_plan`,
+`socketwise_calibration_vet` (what a group's calibration decides for this deploy) and
 `socketwise_fleet_summary`/`socketwise_fleet_lines` (the fleet's dry run)."""
 
 import sys
 from pathlib import Path
 
 try:
-    from socketwise.plan import fleet
+    from socketwise.plan import calibrated, fleet
     from socketwise.plan.planner import PlanError, PlanRequest, plan
 except ImportError:
     # Run from a checkout whose package is not installed in Ansible's Python:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-    from socketwise.plan import fleet
+    from socketwise.plan import calibrated, fleet
     from socketwise.plan.planner import PlanError, PlanRequest, plan
 
 
@@ -31,6 +32,14 @@ def socketwise_plan(topology, **request):
         return {"plan": None, "error": str(exc), "field": exc.field}
 
 
+def socketwise_calibration_vet(record, given, vllm_spec, model, model_revision=""):
+    """calibrated.vet's answer, with "error" (the one line) instead of an exception."""
+    try:
+        return calibrated.vet(record, given, vllm_spec, model, model_revision) | {"error": None}
+    except calibrated.CalibrationError as exc:
+        return {"measured": None, "reset": {}, "note": None, "error": str(exc)}
+
+
 def socketwise_fleet_summary(plans, artifacts_dir):
     """{host: plan} -> fleet.summary, each host compared with its last deploy."""
     return fleet.summary(
@@ -45,6 +54,7 @@ class FilterModule:
     def filters(self):
         return {
             "socketwise_plan": socketwise_plan,
+            "socketwise_calibration_vet": socketwise_calibration_vet,
             "socketwise_fleet_summary": socketwise_fleet_summary,
             "socketwise_fleet_lines": fleet.lines,
         }
