@@ -93,7 +93,7 @@ def test_a_measurement_of_another_build_or_model_is_ignored_with_one_line(r730, 
     assert vetted["note"] == (
         f"socketwise_calibration (measured in 20261128T101500 (2026-11-28)) measured with "
         f"{words}: plan_crossover=3.5, plan_reserve_cores=1, vllm_service_dtype=float32 "
-        "ignored, the rules apply; rerun socketwise calibrate for this build and model"
+        "ignored, the rules apply; calibrate again for this build and model"
     )
     assert vetted["reset"] == {
         "plan_reserve_cores": None, "plan_crossover": None, "vllm_service_dtype": ""
@@ -133,7 +133,7 @@ def test_a_value_a_person_set_over_the_measurement_stands_as_given(r730):
     ],
 )
 def test_a_record_the_planner_cannot_read_is_refused_naming_the_field(record, words):
-    with pytest.raises(CalibrationError, match="rerun socketwise calibrate") as refused:
+    with pytest.raises(CalibrationError, match="correct it or remove the record") as refused:
         vet(record, AS_WRITTEN, SPEC, MODEL, REVISION)
     assert str(refused.value).startswith(words)
 

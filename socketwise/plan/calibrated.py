@@ -1,9 +1,9 @@
 """Measured choices the planner prefers to its rules, and where they are written.
 
-`socketwise calibrate` measures, on one host of each hardware class, the choices the
-planner otherwise takes from rules, and writes what it decided into the inventory group
-whose serving hosts are exactly that class (`group_vars/<group>.yml`): the values
-themselves (`plan_reserve_cores`, `plan_crossover`, `vllm_service_dtype`) and
+A calibration measures, on one host of a hardware class, the choices the planner
+otherwise takes from rules, and writes what it decided into the inventory group whose
+serving hosts are exactly that class (`group_vars/<group>.yml`): the values themselves
+(`plan_reserve_cores`, `plan_crossover`, `vllm_service_dtype`) and
 `socketwise_calibration`, the record of the run that decided them:
 
     socketwise_calibration:
@@ -22,7 +22,7 @@ same vllm_spec and model; otherwise it is ignored with a one-line note and the r
 applies. A value that differs from the record's was set by a person, and stands as given.
 
 Plain Python with no Ansible import: the plan role's filter `socketwise_calibration_vet`
-and the calibrate command are thin doors into it.
+is a thin door into it.
 """
 
 from __future__ import annotations
@@ -54,19 +54,19 @@ def check_record(record: object) -> None:
     """Refuse a record the planner cannot read, naming the field."""
     if not isinstance(record, Mapping):
         raise CalibrationError(
-            f"{RECORD}={record!r:.60}: not a mapping; rerun socketwise calibrate"
+            f"{RECORD}={record!r:.60}: not a mapping; correct it or remove the record"
         )
     for field in _REQUIRED:
         if not isinstance(record.get(field), str) or not record[field]:
             raise CalibrationError(
                 f"{RECORD}.{field}={record.get(field)!r:.60}: missing or not a string; "
-                "rerun socketwise calibrate, or remove the record"
+                "correct it or remove the record"
             )
     decided = record.get("decided")
     if not isinstance(decided, Mapping) or not set(decided) <= set(DECIDED):
         raise CalibrationError(
             f"{RECORD}.decided={decided!r:.80}: not a mapping of {', '.join(DECIDED)}; "
-            "rerun socketwise calibrate, or remove the record"
+            "correct it or remove the record"
         )
 
 
@@ -105,7 +105,7 @@ def vet(
     if record is None or record == "" or record == {}:
         return {"measured": None, "reset": {}, "note": None}
     check_record(record)
-    assert isinstance(record, Mapping)
+    assert isinstance(record, Mapping)  # check_record refused anything else
     ours = {
         name: value
         for name, value in record["decided"].items()
@@ -126,7 +126,7 @@ def vet(
             "note": (
                 f"{RECORD} ({source(record)}) measured with {' and '.join(differs)}: "
                 f"{', '.join(f'{n}={ours[n]}' for n in sorted(ours))} ignored, the rules "
-                "apply; rerun socketwise calibrate for this build and model"
+                "apply; calibrate again for this build and model"
             ),
         }
     measured = {DECIDED[name][0]: value for name, value in ours.items()}

@@ -27,8 +27,8 @@ Rules (see docs/concepts/plan.md):
 - `auto`: TP only when the model does not fit one node; DP when the expected
   concurrency is above the SN/DP crossover (measured value if given, else
   DEFAULT_CROSSOVER from the field notes' dual-socket Broadwell); SN otherwise.
-- A value `socketwise calibrate` measured for the host's class (`measured`, see
-  `calibrated`) is used as given, and the reason says where it was measured.
+- A value a calibration measured for the host's class (`measured`, see `calibrated`)
+  is used as given, and the reason says where it was measured.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def refuse_ranks_with_auto(request: PlanRequest) -> None:
 
 
 def _measured_source(request: PlanRequest, name: str) -> str | None:
-    """ "measured in RUN (DATE)" when the request's NAME is the calibration's value."""
+    """The calibration's "measured in RUN (DATE)" when the request's NAME is its value."""
     measured = request.measured or {}
     if name not in measured:
         return None
