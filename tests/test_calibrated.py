@@ -155,24 +155,26 @@ def test_the_group_holding_exactly_the_class_is_chosen_and_load_generators_do_no
     assert group_of_class({"b1"}, GROUPS, SERVING, "zen-1") == "zen"
 
 
-def test_a_class_without_a_group_of_its_own_is_refused_in_one_line():
-    groups = {k: v for k, v in GROUPS.items() if k != "amx"}
+@pytest.mark.parametrize(
+    ("groups", "line"),
+    [
+        (
+            {k: v for k, v in GROUPS.items() if k != "amx"},
+            "hardware class amx-1 (a1, a2): no group holds exactly its hosts (lab also holds "
+            "b1 of another class); give the class a group of its own",
+        ),
+        (
+            {"all": SERVING, "left": {"a1"}, "right": {"a2"}, "zen": {"b1"}},
+            "hardware class amx-1 (a1, a2) spans groups left, right; put its hosts in one "
+            "group of their own",
+        ),
+    ],
+    ids=["no-group-of-its-own", "spans-groups"],
+)
+def test_a_class_without_exactly_one_group_of_its_own_is_refused_in_one_line(groups, line):
     with pytest.raises(CalibrationError) as refused:
         group_of_class({"a1", "a2"}, groups, SERVING, "amx-1")
-    assert str(refused.value) == (
-        "hardware class amx-1 (a1, a2): no group holds exactly its hosts (lab also holds b1 "
-        "of another class); give the class a group of its own"
-    )
-
-
-def test_a_class_spanning_groups_is_refused_in_one_line():
-    groups = {"all": SERVING, "left": {"a1"}, "right": {"a2"}, "zen": {"b1"}}
-    with pytest.raises(CalibrationError) as refused:
-        group_of_class({"a1", "a2"}, groups, SERVING, "amx-1")
-    assert str(refused.value) == (
-        "hardware class amx-1 (a1, a2) spans groups left, right; put its hosts in one group "
-        "of their own"
-    )
+    assert str(refused.value) == line
 
 
 def test_two_groups_of_the_same_hosts_are_refused_rather_than_guessed():
