@@ -235,27 +235,6 @@ def test_two_core_lab_host_runs_all_three_layouts_with_no_reserve():
     assert binds(plan(lab, PlanRequest(layout="dp", dp_mode="vllm"))) == ["0|1"]
 
 
-def test_sn_on_a_two_core_node_keeps_a_core_for_the_front_end_when_the_weights_fit_its_cache():
-    lab = two_core_lab_host()
-    lab["nodes"][0]["llc_kb"] = 32768
-    # The tiny model (6 MB) fits the 32 MB L3: the engine gets core 0, the front end 1.
-    tiny = plan(lab, PlanRequest(layout="sn", model_gb=0.006))
-    assert binds(tiny) == ["0"] and tiny["nodes"][0]["reserved_cpus"] == [1]
-    assert tiny["instances"][0]["cpus_allowed"] == [0, 1]
-    assert (
-        "1 core kept for vLLM's front end: the model's 0.006 GB fit the node's 32 MB "
-        "last-level cache" in tiny["reason"]
-    )
-    # A model that does not fit, an unknown size or cache, a reserve asked for, and DP
-    # (one replica per core): both cores infer, as before.
-    assert binds(plan(lab, PlanRequest(layout="sn", model_gb=1.0))) == ["0,1"]
-    assert binds(plan(lab, PlanRequest(layout="sn"))) == ["0,1"]
-    assert binds(plan(lab, PlanRequest(layout="sn", model_gb=0.006, reserve_cores=0))) == ["0,1"]
-    assert binds(plan(two_core_lab_host(), PlanRequest(layout="sn", model_gb=0.006))) == ["0,1"]
-    assert binds(plan(lab, PlanRequest(layout="dp", model_gb=0.006))) == ["0", "1"]
-    assert "front end" not in plan(lab, PlanRequest(layout="sn", model_gb=1.0))["reason"]
-
-
 @pytest.mark.parametrize(
     ("model_gb", "concurrency", "crossover", "layout", "words"),
     [

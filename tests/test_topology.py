@@ -61,41 +61,6 @@ def test_r730_sockets_hold_even_and_odd_cpus(machine_root):
     }
 
 
-def write_caches(root, cpus: list[int], shared: dict[int, list[int]], l3: str) -> None:
-    """Per CPU: L1 data and instruction and L2 of its own, and the L3 listed in SHARED."""
-    for cpu in cpus:
-        caches = [(1, "Data", "48K", [cpu]), (1, "Instruction", "32K", [cpu]),
-                  (2, "Unified", "1024K", [cpu]), (3, "Unified", l3, shared[cpu])]  # fmt: skip
-        for index, (level, kind, size, sharing) in enumerate(caches):
-            cache = root / "sys/devices/system/cpu" / f"cpu{cpu}/cache/index{index}"
-            cache.mkdir(parents=True)
-            for name, text in (("level", str(level)), ("type", kind), ("size", size),
-                               ("shared_cpu_list", format_cpulist(sharing))):  # fmt: skip
-                (cache / name).write_text(text + "\n")
-
-
-def test_each_node_reports_the_last_level_cache_its_cpus_use_counted_once(machine_root):
-    root = machine_root("r730")
-    # Not listed by the kernel (some VMs): the key is left out, nothing is guessed.
-    assert all("llc_kb" not in n for n in detect(root)["nodes"])
-    topology = detect(root)
-    sockets = {n["id"]: n["cpus"] for n in topology["nodes"]}
-    shared = {cpu: cpus for cpus in sockets.values() for cpu in cpus}
-    write_caches(root, sorted(shared), shared, "35840K")
-    # One 35 MB L3 per socket, shared by its 28 CPUs; L1 and L2 are not the last level.
-    assert [n["llc_kb"] for n in detect(root)["nodes"]] == [35840, 35840]
-
-
-def test_a_node_with_several_last_level_caches_adds_them(machine_root):
-    # Zen: one L3 per CCX; here two of 16 MB in one node, each shared by half its CPUs.
-    root = machine_root("r730")
-    node0 = node(detect(root), 0)["cpus"]
-    halves = {cpu: node0[: len(node0) // 2] if i < len(node0) // 2 else node0[len(node0) // 2 :]
-              for i, cpu in enumerate(node0)}  # fmt: skip
-    write_caches(root, node0, halves, "16M")
-    assert node(detect(root), 0)["llc_kb"] == 2 * 16 * 1024
-
-
 def test_epyc_siblings_are_cpu_plus_128(machine_root):
     topology = detect(machine_root("epyc2s"))
 

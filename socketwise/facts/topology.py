@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NotRequired, TypedDict, TypeVar
+from typing import TypedDict, TypeVar
 
 SCHEMA_VERSION = 1
 
@@ -92,8 +92,6 @@ class Node(TypedDict):
     memory_mb: int
     distances: list[int]
     hugepages: dict[str, HugePages]
-    # KB of last-level cache the node's CPUs use; absent where the kernel lists no caches.
-    llc_kb: NotRequired[int]
 
 
 class Gpu(TypedDict):
@@ -354,8 +352,7 @@ def _read_nodes(
         # A kernel built without CONFIG_NUMA has no node directory: all of the
         # machine is one node, with the global hugepage pools.
         hugepages = _read_hugepages(sys_dir / "kernel/mm/hugepages")
-        node = _node(0, online, package, core_of, memory_mb, [10], hugepages)
-        return [_with_llc(node, sys_dir / "devices/system/cpu")]
+        return [_node(0, online, package, core_of, memory_mb, [10], hugepages)]
     online_set = set(online)
     nodes = []
     for node_dir in node_root.iterdir():
@@ -364,46 +361,18 @@ def _read_nodes(
             continue
         # Some architectures keep offline CPUs in the node's cpulist.
         cpus = sorted(online_set.intersection(_parse(node_dir / "cpulist", parse_cpulist)))
-        node = _node(
-            int(match[1]),
-            cpus,
-            package,
-            core_of,
-            _parse(node_dir / "meminfo", _parse_mem_total_mb),
-            _parse(node_dir / "distance", _parse_distances),
-            _read_hugepages(node_dir / "hugepages"),
+        nodes.append(
+            _node(
+                int(match[1]),
+                cpus,
+                package,
+                core_of,
+                _parse(node_dir / "meminfo", _parse_mem_total_mb),
+                _parse(node_dir / "distance", _parse_distances),
+                _read_hugepages(node_dir / "hugepages"),
+            )
         )
-        nodes.append(_with_llc(node, sys_dir / "devices/system/cpu"))
     return sorted(nodes, key=lambda node: node["id"])
-
-
-_SIZE_KB = {"K": 1, "M": 1024, "G": 1024 * 1024}
-
-
-def _with_llc(node: Node, cpu_dir: Path) -> Node:
-    """NODE with `llc_kb`: the last-level caches its CPUs use (the highest level of data
-    or unified cache any of them lists), each cache counted once however many CPUs share
-    it. Left out where the kernel lists no caches (some VMs, trees without them)."""
-    caches: dict[tuple[int, ...], int] = {}
-    level = 0
-    for cpu in node["cpus"]:
-        for index in (cpu_dir / f"cpu{cpu}/cache").glob("index*"):
-            try:
-                kind = (index / "type").read_text().strip()
-                found = int((index / "level").read_text())
-                size = (index / "size").read_text().strip()
-                kb = int(size[:-1]) * _SIZE_KB[size[-1]] if size[-1:] in _SIZE_KB else int(size)
-                shared = tuple(parse_cpulist((index / "shared_cpu_list").read_text()))
-            except (OSError, ValueError):
-                continue
-            if kind == "Instruction" or found < level:
-                continue
-            if found > level:
-                level, caches = found, {}
-            caches[shared] = kb
-    if caches:
-        node["llc_kb"] = sum(caches.values())
-    return node
 
 
 def _node(

@@ -35,7 +35,6 @@ class Node:
     gb: float
     cores: list[list[int]]  # online logical CPUs of each physical core
     distances: dict[int, int]  # node id -> NUMA distance from this node
-    llc_kb: int | None = None  # last-level cache its CPUs use, where the kernel lists it
 
 
 def default_reserve_cores(core_count: int) -> int:
@@ -121,8 +120,6 @@ def _check_node(where: str, node: object) -> None:
     distances = node.get("distances", [])
     if not isinstance(distances, list) or not all(_number(d) for d in distances):
         raise malformed(f"{where}.distances", "must be a list of numbers")
-    if "llc_kb" in node and not (_whole(node["llc_kb"]) and node["llc_kb"] >= 0):
-        raise malformed(f"{where}.llc_kb", f"is {_shown(node['llc_kb'])}, not a number of KB")
 
 
 def check_topology(topo: object) -> None:
@@ -177,7 +174,6 @@ def cpu_nodes(topo: dict) -> list[Node]:
             [list(c) for c in n["cores"]],
             # A node's row of the distance matrix, in node id order.
             dict(zip(ids, n.get("distances", []), strict=False)),
-            n.get("llc_kb"),
         )
         for n in topo["nodes"]
     ]

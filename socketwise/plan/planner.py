@@ -9,8 +9,7 @@ Rules (see docs/concepts/plan.md):
   siblings are left to the OS.
 - Each node that serves keeps `reserve_cores` physical cores (its highest-numbered
   ones) for the OS and the HTTP front end. Default: 2 on nodes with 8 or more cores,
-  1 on nodes with 4 to 7, 0 below that; SN on a node of 2 or 3 cores keeps 1 when the
-  weights fit the node's last-level cache (`_front_end_core`).
+  1 on nodes with 4 to 7, 0 below that (a 2-core lab host cannot spare any).
 - A rank never straddles a NUMA node; memory-only nodes never get a rank. Several
   ranks on one node get contiguous, disjoint groups of its cores.
 - KV cache per rank (GiB, what VLLM_CPU_KVCACHE_SPACE takes):
@@ -236,29 +235,6 @@ def refuse_ranks_with_auto(request: PlanRequest) -> None:
         )
 
 
-def _front_end_core(node: Node, request: PlanRequest) -> tuple[PlanRequest, str]:
-    """SN on a node the rule leaves no core to spare (2 or 3 cores) keeps one for vLLM's
-    front end and engine core when the weights fit the node's last-level cache: decode is
-    then bound by compute, which the front end would otherwise take from the engine's
-    threads (vLLM keeps a core for it by default). On a 2-core Zen 4 node the tiny model
-    gave 0.78-0.85x plain vLLM's output tokens with both cores, 1.03-1.14x with one kept.
-    A larger model is bound by memory reads, and both cores read."""
-    weights_kb = request.model_gb * 2**20
-    if (
-        request.reserve_cores is not None
-        or reserve_for(node, None) > 0
-        or len(node.cores) < 2
-        or not node.llc_kb
-        or not 0 < weights_kb <= node.llc_kb
-    ):
-        return request, ""
-    return replace(request, reserve_cores=1), (
-        f"; 1 core kept for vLLM's front end: the model's {request.model_gb:g} GB fit the "
-        f"node's {node.llc_kb / 1024:g} MB last-level cache, so decode is bound by compute, "
-        "which the front end would share"
-    )
-
-
 def _measured_source(request: PlanRequest, name: str) -> str | None:
     """The calibration's "measured in RUN (DATE)" when the request's NAME is its value."""
     measured = request.measured or {}
@@ -412,9 +388,7 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         gpus = [g.get("numa_node") for g in topo.get("gpus", [])]
         candidates = [n for n in nodes if _holds(n, request.model_gb)] or nodes
         best = sorted(candidates, key=lambda n: (-gpus.count(n.id), -len(n.cores), n.id))[:1]
-        kept, front_end = _front_end_core(best[0], request)
-        reason += front_end
-        placed = _place_ranks(best, 1, kept, False, "SN", equal=False)
+        placed = _place_ranks(best, 1, request, False, "SN", equal=False)
         instances = [
             _instance("vllm-sn", port + 1, placed, 1, 1, _kv_for(placed, request.model_gb, request))
         ]
