@@ -40,35 +40,51 @@ def r730() -> dict:
     return read_topology(FLEET / "topologies" / "r730-01.json")
 
 
-def planned(topo: dict, given: dict, record: dict | None, **deploy: str) -> tuple[dict, dict]:
+def planned(
+    topo: dict, given: dict, record: dict | None, concurrency: int = 4, **deploy: str
+) -> tuple[dict, dict]:
     """The plan the plan role makes from GIVEN and RECORD for a deploy of DEPLOY."""
     at = {"vllm_spec": SPEC, "model": MODEL, "model_revision": REVISION} | deploy
     vetted = vet(record, given, **at)
     kept = given | vetted["reset"]
     request = PlanRequest.from_values(
-        model_gb=16, concurrency=4, reserve_cores=kept["plan_reserve_cores"],
+        model_gb=16, concurrency=concurrency, reserve_cores=kept["plan_reserve_cores"],
         crossover=kept["plan_crossover"], measured=vetted["measured"],
     )  # fmt: skip
     return plan(topo, request), vetted
 
 
 def test_the_planner_prefers_the_measurement_and_says_where_it_was_taken(r730):
-    result, vetted = planned(r730, AS_WRITTEN, RECORD)
+    result, vetted = planned(r730, AS_WRITTEN, RECORD, concurrency=2)
     assert vetted["note"] is None and vetted["reset"] == {}
-    # Concurrency 4 is above the measured crossover 3.5 (the rule's 6 would give SN).
-    assert result["layout"] == "dp"
+    assert result["layout"] == "sn"
     assert "SN/DP crossover 3.5 (measured in 20261128T101500 (2026-11-28))" in result["reason"]
     assert (
         "1 core(s) of each serving node kept for the front end and the OS, measured in "
         "20261128T101500 (2026-11-28)" in result["reason"]
     )
-    # One core (two SMT siblings) of each 14-core node is left to the front end, not the
-    # rule's two.
-    assert [len(n["reserved_cpus"]) for n in result["nodes"]] == [2, 2]
+    # One core (two SMT siblings) of the serving 14-core node is left to the front end,
+    # not the rule's two.
+    assert [len(n["reserved_cpus"]) for n in result["nodes"]] == [2]
     assert result["build"]["dtype"] == "float32"
     assert result["build"]["reason"].endswith(
         "dtype float32, measured in 20261128T101500 (2026-11-28)"
     )
+
+
+def test_above_the_measured_crossover_dp_keeps_the_rule_s_reserve(r730):
+    # The reserve was measured on SN: DP keeps the rule's two cores of each node, and
+    # says so, so DP-2 stays possible where SN's reserve would leave too little.
+    result, _ = planned(r730, AS_WRITTEN, RECORD, concurrency=4)
+    assert result["layout"] == "dp"
+    assert "SN/DP crossover 3.5 (measured in 20261128T101500 (2026-11-28))" in result["reason"]
+    assert (
+        "the rule's reserve for DP (the 1 core(s) measured in 20261128T101500 (2026-11-28) "
+        "are SN's)" in result["reason"]
+    )
+    assert "kept for the front end and the OS, measured" not in result["reason"]
+    assert [len(n["reserved_cpus"]) for n in result["nodes"]] == [4, 4]
+    assert result["build"]["dtype"] == "float32"
 
 
 def test_numbers_given_as_strings_are_the_measurement_s_own(r730):

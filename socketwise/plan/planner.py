@@ -371,6 +371,15 @@ def plan(topo: dict, request: PlanRequest) -> dict:
 
         return plan_gpus(topo, nodes, request, build_of_host)
     layout, ranks, reason = _decide(nodes, request)
+    if layout != "sn" and _measured_source(request, "reserve_cores"):
+        # A calibration measures the front end's cores on SN alone: DP and TP keep the
+        # rule's, so DP-2 stays possible on a node too small for it with SN's reserve.
+        measured = {k: v for k, v in (request.measured or {}).items() if k != "reserve_cores"}
+        reason += (
+            f"; the rule's reserve for {layout.upper()} (the {request.reserve_cores} core(s) "
+            f"{_measured_source(request, 'reserve_cores')} are SN's)"
+        )
+        request = replace(request, reserve_cores=None, measured=measured)
     clause, build_of_host = _measured_clauses(request, build_of_host)
     reason += clause
     # Every layout sits behind the front door on the public port; the instances take the
