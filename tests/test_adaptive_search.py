@@ -1,5 +1,6 @@
-"""The adaptive sweep's search (run_adaptive) on layouts whose throughput is a known curve:
-where it puts the SN/DP crossover, the saturation it reads, and what it costs."""
+"""The adaptive sweep's search (run_adaptive), and the fixed grid it is measured against
+(run_fixed), on layouts whose throughput is a known curve: where the search puts the
+SN/DP crossover, the saturation it reads, and what each costs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from socketwise.measure.sweep import Profile, Sweep, run_adaptive
+from socketwise.measure.sweep import Profile, Sweep, run_adaptive, run_fixed
 
 OUTPUT_LEN = 32
 
@@ -129,3 +130,15 @@ def test_plain_vllm_is_bracketed_but_not_bisected():
     assert search["saturation_rate"]["baseline"] == 8.0
     # Baseline's lower flat-out rate does not move the search: it starts at SN's half.
     assert search["rounds"][0]["low"] == 5.0
+
+
+def test_the_grid_measures_every_layout_at_fractions_of_the_first_layout_s_flat_out_rate():
+    experiment = CurveSweep({"baseline": SN, "sn": DP})
+    experiment.profile = Profile(concurrencies=[1], rate_fractions=[0.5, 1.5])
+    run_fixed(experiment, ["baseline", "sn"])
+    # Only the first layout is driven flat out, once; its 10 req/s places every rate step.
+    assert experiment.flat_out == {"baseline": 10.0}
+    assert experiment.batches == {"baseline": {"calibration", "sweep"}, "sn": {"sweep"}}
+    for layout in ("baseline", "sn"):
+        mine = [r["rate"] for r in experiment.summary if r["layout"] == layout]
+        assert mine == [None, 5.0, 15.0]

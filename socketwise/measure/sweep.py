@@ -185,11 +185,15 @@ def _bench(
     tool: str = "vllm",
     on_event: Callable[[dict], bool] | None = None,
     prepare_loadgen: bool = True,
+    variables: dict | None = None,
+    limit: str | None = None,
 ) -> dict:
     """Run `steps` on every host; unpack each into run_dir/hosts/HOST/LAYOUT/BATCH.
 
     PREPARE_LOADGEN false skips bench.yml's load-generator play: the batches after a
     run's first find their tool installed by it (about 20 s of Ansible a batch).
+    VARIABLES select the layout (default LAYOUTS[layout]); LIMIT, the hosts (with their
+    load generators).
 
     A host's run comes in two archives, the served host's (HOST.tar.gz: idle baseline,
     per-step power, CPU and /metrics, journal, placement) and the load generator's
@@ -200,7 +204,7 @@ def _bench(
             "playbooks/bench.yml",
             inventory,
             {
-                **LAYOUTS[layout],
+                **(LAYOUTS[layout] if variables is None else variables),
                 "benchmark_steps": steps,
                 "benchmark_fetch_dir": fetched,
                 "benchmark_seed": seed,
@@ -209,6 +213,7 @@ def _bench(
             },  # fmt: skip
             run_dir / "artifacts",
             on_event,
+            limit,
         )
         unpacked = {}
         for archive in sorted(Path(fetched).glob("*.tar.gz")):
@@ -268,7 +273,11 @@ def step_power_rows(host: str, layout: str, results: Path) -> list[dict]:
 
 
 class Sweep:
-    """One experiment: deploys layouts on demand, runs step batches, keeps the rows."""
+    """One experiment: deploys layouts on demand, runs step batches, keeps the rows.
+
+    LAYOUTS names the layouts it may deploy (default the sweep's own); LIMIT keeps every
+    deploy and batch to those hosts (a served host and its load generators).
+    """
 
     def __init__(
         self,
@@ -277,24 +286,28 @@ class Sweep:
         profile: Profile,
         planned_steps: int,
         tool: str = "vllm",
+        layouts: dict[str, dict] | None = None,
+        limit: str | None = None,
     ):
         self.inventory, self.run_dir, self.profile, self.tool = inventory, run_dir, profile, tool
+        self.layouts, self.limit = LAYOUTS if layouts is None else layouts, limit
         self.deployed: str | None = None
         self.loadgen_prepared = False
         self.summary: list[dict] = []
         self.power: list[dict] = []
         self.flat_out: dict[str, float] = {}
         # Progress counts steps on every served host; the ETA moves with each one.
-        self.hosts = max(1, len(served_hosts(inventory)))
+        self.hosts = 1 if limit else max(1, len(served_hosts(inventory)))
         self.started, self.steps_done = time.monotonic(), 0
         self.steps_planned = planned_steps * self.hosts
 
     def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
         """Run `steps` on `layout` (deploying it first if needed): {host: {step: bench}}."""
-        if self.deployed != layout:
+        # Another name for the variables deployed (a calibration's choice) needs no deploy.
+        if self.deployed is None or self.layouts[self.deployed] != self.layouts[layout]:
             self._say(f"{layout}: deploying")
             artifacts = self.run_dir / "artifacts" / layout
-            _runner("deploy.yml", self.inventory, LAYOUTS[layout], artifacts)
+            _runner("deploy.yml", self.inventory, self.layouts[layout], artifacts, limit=self.limit)
             self.deployed = layout
             # A server just started answers its first requests slower: without this the
             # first layout (warmed by its calibration) would be measured warm, the rest cold.
@@ -304,6 +317,7 @@ class Sweep:
         unpacked = _bench(
             self.inventory, layout, steps, self.run_dir, batch, self.profile.seed, self.tool,
             lambda event: self._on_event(layout, event), not self.loadgen_prepared,
+            self.layouts[layout], self.limit,
         )  # fmt: skip
         self.loadgen_prepared = True
         for host, results in unpacked.items():
@@ -396,25 +410,12 @@ def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
     return search
 
 
-def sweep(
-    inventory: Path,
-    layouts: list[str],
-    run_dir: Path,
-    profile: Profile,
-    restore: bool = True,
-    mode: str = "fixed",
-    rounds: int = 2,
-    tool: str = "vllm",
-) -> Path:
-    unknown = [name for name in layouts if name not in LAYOUTS]
-    if unknown:
-        raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}")
-    if mode not in ("fixed", "adaptive"):
-        raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
-    if tool not in TOOLS:
-        raise SweepError(f"unknown load generator {tool!r}; choose {' or '.join(TOOLS)}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest: dict = {
+def base_manifest(
+    inventory: Path, layouts: list[str], mode: str, profile: Profile, tool: str
+) -> dict:
+    """What a run directory's manifest.json says of any layout sweep: the load, its tool
+    and shape, the baseline, the measured boundary and the warm-up."""
+    return {
         "schema": 1,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "inventory": str(inventory),
@@ -442,6 +443,27 @@ def sweep(
         "or bracket)",
         "hosts": {},
     }
+
+
+def sweep(
+    inventory: Path,
+    layouts: list[str],
+    run_dir: Path,
+    profile: Profile,
+    restore: bool = True,
+    mode: str = "fixed",
+    rounds: int = 2,
+    tool: str = "vllm",
+) -> Path:
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}")
+    if mode not in ("fixed", "adaptive"):
+        raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
+    if tool not in TOOLS:
+        raise SweepError(f"unknown load generator {tool!r}; choose {' or '.join(TOOLS)}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = base_manifest(inventory, layouts, mode, profile, tool)
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
     experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts), tool)
     if mode == "fixed":
@@ -455,13 +477,18 @@ def sweep(
     if restore:
         print("[sweep] restoring the configured layout", flush=True)
         _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored")
+    finish(run_dir, manifest, experiment.summary, experiment.power)
+    return run_dir
+
+
+def finish(run_dir: Path, manifest: dict, summary: list[dict], power: list[dict]) -> None:
+    """Write the run directory's summary.csv, power.csv and manifest.json."""
     _collect_hosts(run_dir, manifest)
     manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_csv(run_dir / "summary.csv", SUMMARY_COLUMNS, experiment.summary)
-    if experiment.power:
-        write_csv(run_dir / "power.csv", POWER_COLUMNS, experiment.power)
+    write_csv(run_dir / "summary.csv", SUMMARY_COLUMNS, summary)
+    if power:
+        write_csv(run_dir / "power.csv", POWER_COLUMNS, power)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return run_dir
 
 
 def sweep_hosts(

@@ -1,0 +1,127 @@
+"""`socketwise calibrate`'s decisions from figures it measured: which variants a class is
+measured on, which reserve and dtype win against plain vLLM, how the SN/DP crossover's
+request rate becomes a concurrency, and the refusal of a class without a group of its
+own before anything is measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from socketwise.measure import calibrate
+from socketwise.measure.calibrate import CalibrateError, Target, choose, variants
+from socketwise.measure.sweep import Profile
+
+
+def target(node_cores: int = 14, isa: str = "avx512", rule_dtype: str = "bfloat16") -> Target:
+    return Target("intel-x", "h1", ["h1"], "g", node_cores, isa, rule_dtype, Path("g.yml"), 2, "h1")
+
+
+def test_each_reserve_the_node_allows_and_on_avx2_the_other_dtype_are_measured():
+    assert list(variants(target(node_cores=14))) == ["baseline", "sn-k0", "sn-k1", "sn-k2"]
+    # A 2-core node keeps at least one core to serve.
+    assert list(variants(target(node_cores=2))) == ["baseline", "sn-k0", "sn-k1"]
+    on_avx2 = variants(target(isa="avx2", rule_dtype="bfloat16"))
+    assert on_avx2["sn-float32"]["vllm_service_dtype"] == "float32"
+    # Every variant names each decided variable, so an earlier calibration cannot leak in.
+    for found in on_avx2.values():
+        assert {"plan_reserve_cores", "plan_crossover", "vllm_service_dtype"} <= set(found)
+    assert on_avx2["baseline"]["vllm_service_placement"] == "vllm"
+
+
+def figures(**by_layout: tuple[float, float, float]) -> dict:
+    """{layout: (output tok/s, TTFT p50, TPOT p50)} at concurrencies 1 and 4 alike."""
+    names = ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms")
+    return {
+        layout: {c: dict(zip(names, values, strict=True)) for c in (1, 4)}
+        for layout, values in by_layout.items()
+    }
+
+
+def test_the_reserve_whose_worst_figure_against_plain_vllm_is_best_wins():
+    measured = figures(
+        baseline=(100, 50, 10),
+        **{"sn-k0": (130, 60, 8), "sn-k1": (110, 45, 9.5), "sn-k2": (105, 44, 9.8)},
+    )
+    # sn-k0 has the most throughput but a TTFT 20 % worse than plain vLLM's; sn-k1's
+    # worst figure (1.053 on TPOT) beats sn-k2's (1.02).
+    chosen = choose(target(), measured)
+    assert chosen["decided"] == {"plan_reserve_cores": 1}
+    assert chosen["worst_ratio"]["sn-k0"] == pytest.approx(50 / 60, abs=0.001)
+
+
+def test_the_other_dtype_wins_only_when_it_beats_the_rule_s_own_variant():
+    plain = (100, 50, 10)
+    # On a 14-core node the rule keeps 2 cores: float32 is compared with sn-k2.
+    kit = {"sn-k0": (90, 50, 10), "sn-k1": (95, 50, 10), "sn-k2": (101, 49, 9.9)}
+    better = figures(baseline=plain, **kit, **{"sn-float32": (120, 45, 8)})
+    assert choose(target(isa="avx2"), better)["decided"]["vllm_service_dtype"] == "float32"
+    worse = {**better, "sn-float32": better["sn-k0"]}
+    assert choose(target(isa="avx2"), worse)["decided"]["vllm_service_dtype"] == "bfloat16"
+
+
+class Rows:
+    """What crossover_concurrency reads of a sweep: its rows and its profile."""
+
+    def __init__(self, rows: list[dict], output_len: int):
+        self.summary, self.profile = rows, Profile(output_len=output_len)
+
+
+def test_the_crossover_rate_becomes_concurrency_by_little_s_law():
+    rows = [
+        {"layout": "sn", "rate": 1.0, "ttft_p50_ms": 100, "tpot_p50_ms": 20},
+        {"layout": "sn", "rate": 4.0, "ttft_p50_ms": 300, "tpot_p50_ms": 50},
+        {"layout": "dp", "rate": 2.0, "ttft_p50_ms": 1, "tpot_p50_ms": 1},
+        {"layout": "sn", "rate": None, "ttft_p50_ms": 1, "tpot_p50_ms": 1},
+    ]
+    # Nearest SN step to 3.5 req/s is 4.0: a request takes 0.3 + 0.05 x 31 = 1.85 s.
+    assert calibrate.crossover_concurrency(Rows(rows, 32), "sn", 3.5) == pytest.approx(
+        6.5, abs=0.05
+    )
+    # Below one request in flight, the crossover is one.
+    assert calibrate.crossover_concurrency(Rows(rows, 32), "sn", 0.1) == 1.0
+    assert calibrate.crossover_concurrency(Rows([], 32), "sn", 3.5) is None
+
+
+def inventory(tmp_path: Path, groups: dict[str, list[str]]) -> Path:
+    children = {name: {"hosts": {h: {} for h in hosts}} for name, hosts in groups.items()}
+    (tmp_path / "inv").mkdir()
+    (tmp_path / "inv" / "hosts.yml").write_text(json.dumps({"all": {"children": children}}))
+    return tmp_path / "inv"
+
+
+def survey(tmp_path: Path, classes: dict[str, list[str]]) -> Path:
+    """A survey's fleet-plan.json and plan.json files, as playbooks/plan.yml writes them."""
+    folder = tmp_path / "survey"
+    fleet = {"classes": []}
+    for class_id, hosts in classes.items():
+        nodes = [{"cores": 2, "memory_gb": 24}]
+        fleet["classes"].append(
+            {"id": class_id, "nodes": nodes, "isa": "avx2", "hosts": [{"host": h} for h in hosts]}
+        )
+        for host in hosts:
+            (folder / host).mkdir(parents=True)
+            (folder / host / "plan.json").write_text(json.dumps({"build": {"dtype": "bfloat16"}}))
+    (folder / "fleet-plan.json").write_text(json.dumps(fleet))
+    return folder
+
+
+def test_each_class_is_measured_on_its_first_host_and_written_to_its_own_group(tmp_path):
+    inv = inventory(tmp_path, {"old": ["a2", "a1"], "new": ["b1"], "socketwise_loadgen": ["l1"]})
+    found = calibrate.targets(inv, survey(tmp_path, {"cls-a": ["a2", "a1"], "cls-b": ["b1"]}), None)
+    assert [(t.class_id, t.host, t.group) for t in found] == [
+        ("cls-a", "a1", "old"), ("cls-b", "b1", "new")
+    ]  # fmt: skip
+    assert found[0].vars_file == inv / "group_vars" / "old.yml"
+    assert (found[0].node_cores, found[0].rule_dtype) == (2, "bfloat16")
+    # Every deploy and batch reaches the host and the load generators alone; DP-2 fits the
+    # 2-core node with the rule's reserve (none below 4 cores).
+    assert found[0].limit == "a1,l1" and found[0].dp_cores == 2
+
+
+def test_a_class_spanning_groups_is_refused_before_anything_is_measured(tmp_path):
+    inv = inventory(tmp_path, {"rack1": ["a1", "b1"], "rack2": ["a2"]})
+    with pytest.raises(CalibrateError, match=r"cls-a \(a1, a2\) spans groups rack1, rack2"):
+        calibrate.targets(inv, survey(tmp_path, {"cls-a": ["a1", "a2"], "cls-b": ["b1"]}), None)
