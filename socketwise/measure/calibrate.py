@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from socketwise.measure import hostcount
-from socketwise.measure.rundir import BASELINE, RunDirError
+from socketwise.measure.rundir import BASELINE
 from socketwise.measure.sweep import (
     LAYOUTS,
     LOADGEN_GROUP,
@@ -48,6 +48,7 @@ from socketwise.measure.sweep import (
     _runner,
     base_manifest,
     finish,
+    report_at_end,
     run_adaptive,
     served_hosts,
 )
@@ -431,11 +432,4 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
             calibrated.CalibrationError) as exc:  # fmt: skip
         print(f"socketwise calibrate: error: {exc}", file=sys.stderr)
         return 2
-    _say(f"run directory {run_dir} ({CALIBRATION_JSON})")
-    try:
-        for written in write_report(run_dir):
-            _say(f"wrote {written}")
-    except (RunDirError, OSError) as exc:
-        print(f"socketwise calibrate: error: the report of {run_dir}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return report_at_end("calibrate", run_dir, write_report)

@@ -684,11 +684,18 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
     except (SweepError, hostcount.HostCountError) as exc:
         print(f"socketwise sweep: error: {exc}", file=sys.stderr)
         return 2
-    print(f"[sweep] run directory {run_dir}")
+    return report_at_end("sweep", run_dir, write_report)
+
+
+def report_at_end(
+    command: str, run_dir: Path, write_report: Callable[[Path], Iterable[Path]]
+) -> int:
+    """Name the run directory and what the report stage wrote of it: COMMAND's exit code."""
+    print(f"[{command}] run directory {run_dir}", flush=True)
     try:
         for written in write_report(run_dir):
-            print(f"[sweep] wrote {written}")
+            print(f"[{command}] wrote {written}", flush=True)
     except (RunDirError, OSError) as exc:
-        print(f"socketwise sweep: error: the report of {run_dir}: {exc}", file=sys.stderr)
+        print(f"socketwise {command}: error: the report of {run_dir}: {exc}", file=sys.stderr)
         return 2
     return 0
