@@ -18,8 +18,9 @@ def test_medians_over_rounds_are_compared_figure_by_figure():
     assert figures.median(("lab1", "sn"), "output_tok_s") == 110
     assert figures.median(("lab1", "sn"), "ttft_p50_ms") is None  # an empty cell: not measured
     line = figures.against(("lab1", "sn"), ("lab1", "plain"), ("sn", "plain"))
-    # 110 / 95 and 8.5 / 7.1; TTFT left out where one side has none.
+    # 110 / 95 and 8.5 / 7.1, then round by round (100/100, 120/90; the third round has
+    # no plain side); TTFT left out where one side has none.
     assert line == (
-        "output tok/s sn 110.0, plain 95.0: sn/plain 1.158; "
-        "TPOT p50 sn 8.5, plain 7.1: sn/plain 1.197 (3 round(s))"
+        "output tok/s sn 110.0, plain 95.0: sn/plain 1.158 (rounds 1.000, 1.333); "
+        "TPOT p50 sn 8.5, plain 7.1: sn/plain 1.197 (rounds 1.143, 1.250) (3 round(s))"
     )

@@ -62,14 +62,17 @@ class Figures:
         return statistics.median(values) if values else None
 
     def against(self, key: tuple, reference: tuple, names: tuple[str, str]) -> str:
-        """KEY's medians against REFERENCE's, each figure with the ratio of the two."""
+        """KEY's medians against REFERENCE's, each figure with the ratio of the two, then
+        each round's ratio (the rounds in the order they were added)."""
         parts = []
         for metric, label in FIGURES:
             mine, theirs = self.median(key, metric), self.median(reference, metric)
             if mine is not None and theirs:
+                each = zip(self.values[key][metric], self.values[reference][metric], strict=False)
+                rounds = ", ".join(f"{a / b:.3f}" for a, b in each if b)
                 parts.append(
                     f"{label} {names[0]} {mine:.1f}, {names[1]} {theirs:.1f}: "
-                    f"{names[0]}/{names[1]} {mine / theirs:.3f}"
+                    f"{names[0]}/{names[1]} {mine / theirs:.3f} (rounds {rounds})"
                 )
         rounds = len(self.values.get(key, {}).get("output_tok_s", []))
         return f"{'; '.join(parts)} ({rounds} round(s))"
