@@ -52,6 +52,27 @@ def test_the_reserve_whose_worst_figure_against_plain_vllm_is_best_wins():
     assert chosen["worst_ratio"]["sn-k0"] == pytest.approx(50 / 60, abs=0.001)
 
 
+def test_a_latency_of_zero_tells_nothing_and_leaves_the_other_figures_to_decide():
+    # The tiny model on the lab, as measured: at concurrency 1 the whole answer comes in
+    # its first chunk, so TPOT p50 is 0 on every side. Counted as a ratio of 0 it made
+    # every variant's worst figure 0 and the smaller K won by the tie; left out, K=1
+    # wins on its worst remaining figure (output tok/s at c1, 792 against 760).
+    measured = {
+        "baseline": {1: {"output_tok_s": 759.6, "ttft_p50_ms": 167.3, "tpot_p50_ms": 0.0},
+                     4: {"output_tok_s": 1638.5, "ttft_p50_ms": 54.52, "tpot_p50_ms": 1.24}},
+        "sn-k0": {1: {"output_tok_s": 682.6, "ttft_p50_ms": 182.88, "tpot_p50_ms": 0.0},
+                  4: {"output_tok_s": 2131.3, "ttft_p50_ms": 50.54, "tpot_p50_ms": 1.49}},
+        "sn-k1": {1: {"output_tok_s": 792.0, "ttft_p50_ms": 156.16, "tpot_p50_ms": 0.0},
+                  4: {"output_tok_s": 2356.0, "ttft_p50_ms": 47.18, "tpot_p50_ms": 1.12}},
+    }  # fmt: skip
+    chosen = choose(target(node_cores=2), measured)
+    assert chosen["decided"] == {"plan_reserve_cores": 1}
+    assert chosen["worst_ratio"]["sn-k1"] == pytest.approx(792.0 / 759.6, abs=0.001)
+    assert calibrate.ratios(measured, "sn-k1")[1]["tpot_p50_ms"] is None
+    # A variant that completed nothing is worse than any: its throughput ratio is 0.
+    assert calibrate.ratio(0.0, 759.6, more_is_better=True) == 0.0
+
+
 def test_the_other_dtype_wins_only_when_it_beats_the_rule_s_own_variant():
     plain = (100, 50, 10)
     # On a 14-core node the rule keeps 2 cores: float32 is compared with sn-k2.

@@ -162,14 +162,19 @@ def medians(rows: list[dict], layout: str) -> dict[int, dict[str, float]]:
     return {c: {m: statistics.median(v) for m, v in ms.items()} for c, ms in by_load.items()}
 
 
-def ratio(mine: float, plain: float, more_is_better: bool) -> float:
-    """How much better than plain vLLM: above 1 is better, whichever way the metric runs."""
-    if not mine or not plain:
-        return 0.0
-    return round(mine / plain if more_is_better else plain / mine, 3)
+def ratio(mine: float, plain: float, more_is_better: bool) -> float | None:
+    """How much better than plain vLLM: above 1 is better, whichever way the metric runs.
+
+    None where the figure tells nothing: plain vLLM's throughput is 0, or a latency is 0
+    on either side (a small model's whole answer can arrive in its first chunk, leaving a
+    TPOT p50 of 0). A throughput of 0 of the variant's own is its worst: 0.
+    """
+    if more_is_better:
+        return round(mine / plain, 3) if plain else None
+    return round(plain / mine, 3) if mine and plain else None
 
 
-def ratios(figures: dict, layout: str) -> dict[int, dict[str, float]]:
+def ratios(figures: dict, layout: str) -> dict[int, dict[str, float | None]]:
     plain = figures[BASELINE]
     return {
         c: {m: ratio(figures[layout][c].get(m, 0), plain[c].get(m, 0), up) for m, up in METRICS}
@@ -178,8 +183,10 @@ def ratios(figures: dict, layout: str) -> dict[int, dict[str, float]]:
     }
 
 
-def worst(against: dict[int, dict[str, float]]) -> float:
-    return min((r for by_metric in against.values() for r in by_metric.values()), default=0.0)
+def worst(against: dict[int, dict[str, float | None]]) -> float:
+    """The lowest ratio that tells something; 0 when none does."""
+    told = [r for by_metric in against.values() for r in by_metric.values() if r is not None]
+    return min(told, default=0.0)
 
 
 def per_round(by_round: list[list[dict]], layout: str) -> list[dict]:
@@ -296,6 +303,10 @@ def _say(message: str) -> None:
     print(f"[calibrate] {message}", flush=True)
 
 
+def _shown(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _lines(target: Target, measured: dict) -> list[str]:
     """What was measured and chosen, as a person reads it."""
     out = [f"{target.class_id} on {target.host} (group {target.group}):"]
@@ -304,8 +315,8 @@ def _lines(target: Target, measured: dict) -> list[str]:
         for load, by_metric in by_load.items():
             each = []
             for metric, value in by_metric.items():
-                seen = ", ".join(f"{r[load][metric]:.3f}" for r in rounds if load in r)
-                each.append(f"{metric} {value:.3f} (rounds {seen})")
+                seen = ", ".join(_shown(r[load][metric]) for r in rounds if load in r)
+                each.append(f"{metric} {_shown(value)} (rounds {seen})")
             out.append(f"  {name} c{load} vs plain vLLM: {'; '.join(each)}")
     decided = ", ".join(f"{k}={v}" for k, v in measured["decided"].items())
     out.append(f"  chosen: {decided}")
