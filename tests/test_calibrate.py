@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from socketwise.measure import calibrate
+from socketwise.measure import calibrate, sweep
 from socketwise.measure.calibrate import CalibrateError, Target, choose, variants
 from socketwise.measure.sweep import Profile
+
+from .playbooks import REPO
+
+FLEET = REPO / "inventories" / "example-fleet"
 
 
 def target(node_cores: int = 14, isa: str = "avx512", rule_dtype: str = "bfloat16") -> Target:
@@ -146,3 +150,29 @@ def test_a_class_spanning_groups_is_refused_before_anything_is_measured(tmp_path
     inv = inventory(tmp_path, {"rack1": ["a1", "b1"], "rack2": ["a2"]})
     with pytest.raises(CalibrateError, match=r"cls-a \(a1, a2\) spans groups rack1, rack2"):
         calibrate.targets(inv, survey(tmp_path, {"cls-a": ["a1", "a2"], "cls-b": ["b1"]}), None)
+
+
+def test_a_group_file_that_sets_a_decided_value_itself_is_refused_before_measuring(tmp_path):
+    inv = inventory(tmp_path, {"rack1": ["a1"]})
+    (inv / "group_vars").mkdir()
+    (inv / "group_vars" / "rack1.yml").write_text("plan_crossover: 8\n")
+    with pytest.raises(CalibrateError, match=r"cls-a: .*rack1.yml: sets plan_crossover outside"):
+        calibrate.targets(inv, survey(tmp_path, {"cls-a": ["a1"]}), None)
+
+
+def test_limit_picks_the_classes_and_hosts_measured_from_a_survey_of_the_whole_fleet(tmp_path):
+    # The real survey (playbooks/plan.yml) of the example fleet, planned from its saved
+    # topologies: a class's group is checked against all its hosts, --limit only picks.
+    sweep._runner("playbooks/plan.yml", FLEET, {}, tmp_path)
+    (found,) = calibrate.targets(FLEET, tmp_path, "epyc-02")
+    assert (found.host, found.group, found.hosts) == (
+        "epyc-02",
+        "epyc_nps4",
+        ["epyc-01", "epyc-02"],
+    )
+    assert found.limit == "epyc-02"
+    # The r730 group's file sets plan_crossover itself: the measurement is refused first.
+    with pytest.raises(CalibrateError, match=r"r730.yml: sets plan_crossover outside"):
+        calibrate.targets(FLEET, tmp_path, "r730")
+    with pytest.raises(CalibrateError, match="--limit nosuch"):
+        calibrate.targets(FLEET, tmp_path, "nosuch")

@@ -29,6 +29,7 @@ import argparse
 import functools
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -102,9 +103,30 @@ def _group_hosts(listing: dict) -> dict[str, set[str]]:
     return {name: hosts_of(name) for name in listing if name != "_meta"}
 
 
+def limited(inventory: Path, limit: str) -> set[str]:
+    """The hosts of INVENTORY an Ansible pattern (--limit) names."""
+    listed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list",
+         "--limit", limit],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        raise CalibrateError(f"--limit {limit}: {listed.stderr.strip()}")
+    listing = json.loads(listed.stdout)
+    hosts = set().union(
+        *_group_hosts(listing).values(), listing.get("_meta", {}).get("hostvars", {})
+    )
+    if not hosts:
+        raise CalibrateError(f"--limit {limit}: names no host of {inventory}")
+    return hosts
+
+
 def targets(inventory: Path, survey_dir: Path, limit: str | None) -> list[Target]:
-    """The classes the survey found, each with its group; refuses before anything changes."""
+    """The classes the survey found, each with its group, measured on the first of its
+    hosts (the first LIMIT names; a class LIMIT names none of is left alone). Refuses
+    before anything changes."""
     fleet = json.loads((survey_dir / "fleet-plan.json").read_text())
+    chosen = None if limit is None else limited(inventory, limit)
     listing = hostcount.read_inventory(inventory)
     groups = _group_hosts(listing)
     serving = set(served_hosts(inventory)) - set().union(
@@ -114,22 +136,31 @@ def targets(inventory: Path, survey_dir: Path, limit: str | None) -> list[Target
     found = []
     for described in fleet["classes"]:
         hosts = sorted(h["host"] for h in described["hosts"] if h["host"] in serving)
-        if not hosts:
+        measured = [h for h in hosts if chosen is None or h in chosen]
+        if not measured:
             continue
         try:
             group = calibrated.group_of_class(set(hosts), groups, serving, described["id"])
         except calibrated.CalibrationError as exc:
-            hint = "" if limit is None else f" (--limit {limit} measures only what it names)"
-            raise CalibrateError(f"{exc}{hint}") from None
-        plan = json.loads((survey_dir / hosts[0] / "plan.json").read_text())
+            raise CalibrateError(str(exc)) from None
+        # What the calibration will write, the group's file must leave to it: refused
+        # now, before anything is measured, rather than after.
+        vars_file = folder / "group_vars" / f"{group}.yml"
+        written = {"plan_reserve_cores", "plan_crossover", calibrated.RECORD}
+        written |= {"vllm_service_dtype"} if described["isa"] == "avx2" else set()
+        try:
+            calibrated.outside_block(vars_file, written)
+        except calibrated.CalibrationError as exc:
+            raise CalibrateError(f"hardware class {described['id']}: {exc}") from None
+        plan = json.loads((survey_dir / measured[0] / "plan.json").read_text())
         cores = [n["cores"] for n in described["nodes"] if n["cores"]]
         found.append(
             Target(
-                class_id=described["id"], host=hosts[0], hosts=hosts, group=group,
+                class_id=described["id"], host=measured[0], hosts=hosts, group=group,
                 node_cores=min(cores), isa=described["isa"], rule_dtype=plan["build"]["dtype"],
-                vars_file=folder / "group_vars" / f"{group}.yml",
+                vars_file=vars_file,
                 dp_cores=sum(c - default_reserve_cores(c) for c in cores),
-                limit=",".join([hosts[0], *sorted(groups.get(LOADGEN_GROUP, set()))]),
+                limit=",".join([measured[0], *sorted(groups.get(LOADGEN_GROUP, set()))]),
             )
         )  # fmt: skip
     return found
@@ -335,7 +366,8 @@ def calibrate(
     run_dir.mkdir(parents=True, exist_ok=True)
     survey = run_dir / "artifacts" / "survey"
     _say("surveying the hosts (playbooks/plan.yml; nothing on them changes)")
-    _runner("playbooks/plan.yml", inventory, {}, survey, limit=limit)
+    # Every host: a class's group must hold exactly its hosts, the unlimited ones too.
+    _runner("playbooks/plan.yml", inventory, {}, survey)
     found = targets(inventory, survey, limit)
     if not found:
         raise CalibrateError(f"{inventory}: no serving host to calibrate" +

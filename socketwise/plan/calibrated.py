@@ -191,16 +191,10 @@ def _after_line(text: str, at: int) -> int:
     return len(text) if newline < 0 else newline + 1
 
 
-def write_group_vars(path: Path, record: Mapping) -> Path | None:
-    """Put RECORD's decided values and the record between socketwise calibrate's markers
-    in the group_vars file PATH, replacing an earlier block of its and keeping everything
-    else as it was.
-
-    Refuses a file that sets one of the block's variables outside it (which one would
-    win is then a question of order); copies the file beside it (`<name>.bak`) before
-    changing it and returns that copy's path, or None when there was no file.
-    """
-    block = render_block(record)
+def outside_block(path: Path, names: set[str]) -> tuple[str, str]:
+    """PATH's text before and after socketwise calibrate's block (the whole text, and ""
+    when it has none). Refuses a file with one marker alone, or one that sets any of
+    NAMES outside the block (which one would win is then a question of order)."""
     text = path.read_text() if path.exists() else ""
     begin, end = text.find(BLOCK_BEGIN), text.find(BLOCK_END)
     if (begin < 0) != (end < 0) or end < begin:
@@ -209,19 +203,33 @@ def write_group_vars(path: Path, record: Mapping) -> Path | None:
             f"both lines ({BLOCK_BEGIN} ... {BLOCK_END}) or remove what is left of the block"
         )
     before, after = (text, "") if begin < 0 else (text[:begin], text[_after_line(text, end) :])
-    clash = sorted(set(_TOP_KEY.findall(block)) & set(_TOP_KEY.findall(before + after)))
+    clash = sorted(names & set(_TOP_KEY.findall(before + after)))
     if clash:
         raise CalibrationError(
             f"{path}: sets {', '.join(clash)} outside socketwise calibrate's block; remove "
             "it there to let the measurement decide, or leave this group uncalibrated"
         )
+    return before, after
+
+
+def write_group_vars(path: Path, record: Mapping) -> Path | None:
+    """Put RECORD's decided values and the record between socketwise calibrate's markers
+    in the group_vars file PATH, replacing an earlier block of its and keeping everything
+    else as it was.
+
+    Refuses what `outside_block` refuses for the block's variables; copies the file
+    beside it (`<name>.bak`) before changing it and returns that copy's path, or None
+    when there was no file.
+    """
+    block = render_block(record)
+    before, after = outside_block(path, set(_TOP_KEY.findall(block)))
     if before and not before.endswith("\n"):
         before += "\n"
     section = f"{BLOCK_BEGIN}: rerun it to update, edits here are replaced\n{block}{BLOCK_END}\n"
     backup = None
     if path.exists():
         backup = path.with_name(path.name + ".bak")
-        backup.write_text(text)
+        backup.write_text(path.read_text())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(before + section + after)
