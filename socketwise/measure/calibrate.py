@@ -442,7 +442,11 @@ def register(
         "choices go to the class's group_vars, and the host is deployed with them.",
     )
     parser.add_argument("-i", "--inventory", type=Path, default=Path("inventories/lab"))
-    parser.add_argument("--limit", help="only these hosts (an Ansible pattern)")
+    parser.add_argument(
+        "--limit",
+        help="an Ansible pattern: measure only the classes it names a host of, each on the "
+        "first such host (the survey still reads every host)",
+    )
     parser.add_argument("--run-dir", type=Path, help="default runs/calibrate-<time>")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--search-rounds", type=int, default=2,
