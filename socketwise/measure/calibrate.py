@@ -29,7 +29,6 @@ import argparse
 import functools
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -48,10 +47,11 @@ from socketwise.measure.sweep import (
     _numbers,
     _runner,
     base_manifest,
+    check_tool,
     finish,
+    positive,
     report_at_end,
     run_adaptive,
-    served_hosts,
 )
 from socketwise.plan import calibrated
 from socketwise.plan.nodes import default_reserve_cores
@@ -91,34 +91,15 @@ class Target:
 
 def _group_hosts(listing: dict) -> dict[str, set[str]]:
     """Every group of an `ansible-inventory --list` with its hosts, children's included."""
-
-    def hosts_of(name: str, seen: frozenset = frozenset()) -> set[str]:
-        group = listing.get(name) or {}
-        found = set(group.get("hosts", []))
-        for child in group.get("children", []):
-            if child not in seen:
-                found |= hosts_of(child, seen | {name})
-        return found
-
-    return {name: hosts_of(name) for name in listing if name != "_meta"}
-
-
-def limited(inventory: Path, limit: str) -> set[str]:
-    """The hosts of INVENTORY an Ansible pattern (--limit) names."""
-    listed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list",
-         "--limit", limit],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if listed.returncode != 0:
-        raise CalibrateError(f"--limit {limit}: {listed.stderr.strip()}")
-    listing = json.loads(listed.stdout)
-    hosts = set().union(
-        *_group_hosts(listing).values(), listing.get("_meta", {}).get("hostvars", {})
-    )
-    if not hosts:
-        raise CalibrateError(f"--limit {limit}: names no host of {inventory}")
-    return hosts
+    return {
+        name: {
+            host
+            for group in hostcount.groups_in_order(listing, name)
+            for host in listing.get(group, {}).get("hosts", [])
+        }
+        for name in listing
+        if name != "_meta"
+    }
 
 
 def targets(inventory: Path, survey_dir: Path, limit: str | None) -> list[Target]:
@@ -126,10 +107,13 @@ def targets(inventory: Path, survey_dir: Path, limit: str | None) -> list[Target
     hosts (the first LIMIT names; a class LIMIT names none of is left alone). Refuses
     before anything changes."""
     fleet = json.loads((survey_dir / "fleet-plan.json").read_text())
-    chosen = None if limit is None else limited(inventory, limit)
-    listing = hostcount.read_inventory(inventory)
-    groups = _group_hosts(listing)
-    serving = set(served_hosts(inventory)) - set().union(
+    chosen = None
+    if limit is not None:
+        chosen = _group_hosts(hostcount.read_inventory(inventory, limit)).get("all", set())
+        if not chosen:
+            raise CalibrateError(f"--limit {limit}: names no host of {inventory}")
+    groups = _group_hosts(hostcount.read_inventory(inventory))
+    serving = groups.get("all", set()) - set().union(
         *(groups.get(name, set()) for name in NOT_SERVING)
     )
     folder = inventory if inventory.is_dir() else inventory.parent
@@ -360,9 +344,7 @@ def calibrate(
     inventory: Path, run_dir: Path, profile: Profile, options: dict, limit: str | None = None
 ) -> dict:
     """Survey, then measure, write and restore each class in turn; returns calibration.json."""
-    if options["tool"] not in TOOLS:
-        raise CalibrateError(f"unknown load generator {options['tool']!r}; choose "
-                             f"{' or '.join(TOOLS)}")  # fmt: skip
+    check_tool(options["tool"])
     run_dir.mkdir(parents=True, exist_ok=True)
     survey = run_dir / "artifacts" / "survey"
     _say("surveying the hosts (playbooks/plan.yml; nothing on them changes)")
@@ -463,11 +445,14 @@ def register(
 def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]]) -> int:
     run_dir = args.run_dir or Path("runs") / time.strftime("calibrate-%Y%m%d-%H%M%S")
     try:
-        for flag, value in (("--rounds", args.rounds), ("--search-rounds", args.search_rounds),
-                            ("--input-len", args.input_len), ("--output-len", args.output_len),
-                            ("--step-seconds", args.step_seconds)):  # fmt: skip
-            if not value > 0:
-                raise CalibrateError(f"{flag} {value!r}: give a number above 0")
+        for flag, value in (
+            ("--rounds", args.rounds),
+            ("--search-rounds", args.search_rounds),
+            ("--input-len", args.input_len),
+            ("--output-len", args.output_len),
+            ("--step-seconds", args.step_seconds),
+        ):
+            positive(flag, value)
         profile = Profile(
             concurrencies=_numbers("--concurrencies", args.concurrencies, int),
             rate_fractions=[], input_len=args.input_len, output_len=args.output_len,

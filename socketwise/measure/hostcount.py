@@ -43,10 +43,12 @@ class HostCountError(RuntimeError):
     pass
 
 
-def read_inventory(inventory: Path) -> dict:
-    """`ansible-inventory --list` of INVENTORY: groups, their hosts and children, _meta."""
+def read_inventory(inventory: Path, limit: str | None = None) -> dict:
+    """`ansible-inventory --list` of INVENTORY (only the hosts the pattern LIMIT names, when
+    given): groups, their hosts and children, _meta."""
     listed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list"],
+        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list",
+         *(["--limit", limit] if limit else [])],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if listed.returncode != 0:
@@ -59,7 +61,7 @@ def cluster_of(inventory: Path) -> dict:
     listing = read_inventory(inventory)
     hostvars = listing.get("_meta", {}).get("hostvars", {})
     order = []
-    for group in _groups_in_order(listing, "all"):
+    for group in groups_in_order(listing, "all"):
         order += [h for h in listing.get(group, {}).get("hosts", []) if h not in order]
     clusters: dict[str, list[str]] = {}
     for host in order:
@@ -82,10 +84,11 @@ def cluster_of(inventory: Path) -> dict:
     return {"name": name, "head": head, "members": [head] + [m for m in members if m != head]}
 
 
-def _groups_in_order(listing: dict, group: str) -> list[str]:
+def groups_in_order(listing: dict, group: str) -> list[str]:
+    """GROUP, then its children's groups, depth first, as the listing orders them."""
     ordered = [group]
     for child in listing.get(group, {}).get("children", []):
-        ordered += _groups_in_order(listing, child)
+        ordered += groups_in_order(listing, child)
     return ordered
 
 

@@ -410,6 +410,17 @@ def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
     return search
 
 
+def check_tool(tool: str) -> None:
+    if tool not in TOOLS:
+        raise SweepError(f"unknown load generator {tool!r}; choose {' or '.join(TOOLS)}")
+
+
+def positive(flag: str, value: float) -> None:
+    """Refuse a flag's number that is not finite and above 0, naming the flag."""
+    if not (math.isfinite(value) and value > 0):
+        raise SweepError(f"{flag} {value!r}: give a number above 0")
+
+
 def base_manifest(
     inventory: Path, layouts: list[str], mode: str, profile: Profile, tool: str
 ) -> dict:
@@ -460,8 +471,7 @@ def sweep(
         raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}")
     if mode not in ("fixed", "adaptive"):
         raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
-    if tool not in TOOLS:
-        raise SweepError(f"unknown load generator {tool!r}; choose {' or '.join(TOOLS)}")
+    check_tool(tool)
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = base_manifest(inventory, layouts, mode, profile, tool)
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
@@ -655,8 +665,7 @@ def _profile(args: argparse.Namespace) -> Profile:
         ("--repetitions", args.repetitions),
         ("--rounds", args.rounds),
     ):
-        if not (math.isfinite(value) and value > 0):
-            raise SweepError(f"{flag} {value!r}: give a number above 0")
+        positive(flag, value)
     return Profile(
         concurrencies=_numbers("--concurrencies", args.concurrencies, int),
         rate_fractions=_numbers("--rate-fractions", args.rate_fractions, float),
