@@ -38,6 +38,12 @@ options:
     description: Seconds to keep asking at most.
     type: int
     default: 60
+  version_url:
+    description:
+      - vLLM's C(/version) to read once every endpoint answered (in the same call, not a
+        round trip of its own); empty for none.
+    type: str
+    default: ""
 author: socketwise
 """
 
@@ -54,10 +60,17 @@ seconds:
   description: Seconds from the call until every endpoint answered (or the timeout).
   type: float
   returned: always
+version:
+  description: The version I(version_url) answered; C(unknown) when it gave none.
+  type: str
+  returned: when I(version_url) is given
 """
+
+import json
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.socketwise.serve.ready import wait_completions
+from ansible.module_utils.urls import open_url
 
 
 def main():
@@ -69,6 +82,7 @@ def main():
             "backend_urls": {"type": "list", "elements": "str", "default": []},
             "backend_key": {"type": "str", "default": "", "no_log": True},
             "timeout": {"type": "int", "default": 60},
+            "version_url": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -77,6 +91,12 @@ def main():
     result = wait_completions(
         params["urls"], params["model"], params["api_key"], params["timeout"], keys=keys
     )
+    if params["version_url"]:
+        try:
+            answer = open_url(params["version_url"], timeout=10, use_proxy=False)
+            result["version"] = str(json.loads(answer.read())["version"])
+        except Exception:  # noqa: BLE001 - any failure reads as an unknown version
+            result["version"] = "unknown"
     module.exit_json(changed=False, **result)
 
 

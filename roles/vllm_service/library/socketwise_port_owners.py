@@ -15,12 +15,16 @@ options:
   address:
     description: The address the services will bind (C(0.0.0.0) for all).
     type: str
-    required: true
   ports:
     description: The ports the plan needs.
     type: list
     elements: int
-    required: true
+  listeners:
+    description:
+      - Instead of I(address) and I(ports), several at once (one call, one round trip),
+        each a dict with C(address) and C(ports); its other keys come back with it.
+    type: list
+    elements: dict
   unit_prefix:
     description: Name prefix of socketwise's own units.
     type: str
@@ -34,12 +38,24 @@ EXAMPLES = r"""
     address: 0.0.0.0
     ports: [8000, 8001]
   register: clashes
+
+- name: Find port clashes of several addresses in one call
+  socketwise_port_owners:
+    listeners:
+      - {address: 127.0.0.1, ports: [8001, 8002], variable: plan_port}
+      - {address: 0.0.0.0, ports: [8000], variable: plan_port}
+  register: owners  # owners.results: [{item: <listener>, clashes: [...]}, ...]
 """
 
 RETURN = r"""
 clashes:
   description: Listeners in the way (address, port, pid, owner); empty when all ports are free.
-  returned: always
+  returned: always (with I(listeners), those of all of them)
+  type: list
+  elements: dict
+results:
+  description: With I(listeners), one per listener in its order, C(item) and its C(clashes).
+  returned: when I(listeners) is given
   type: list
   elements: dict
 """
@@ -53,10 +69,14 @@ from ansible.module_utils.socketwise.serve.verify import port_clashes, process_t
 def main():
     module = AnsibleModule(
         argument_spec={
-            "address": {"type": "str", "required": True},
-            "ports": {"type": "list", "elements": "int", "required": True},
+            "address": {"type": "str"},
+            "ports": {"type": "list", "elements": "int"},
+            "listeners": {"type": "list", "elements": "dict"},
             "unit_prefix": {"type": "str", "default": "socketwise-"},
         },
+        required_one_of=[["address", "listeners"]],
+        mutually_exclusive=[["address", "listeners"]],
+        required_together=[["address", "ports"]],
         supports_check_mode=True,
     )
     prefix = module.params["unit_prefix"]
@@ -77,8 +97,20 @@ def main():
         for line in out.split() if rc == 0 else []:
             if line.isdigit() and int(line):
                 own.update(process_tree(int(line)))
-    clashes = port_clashes(module.params["address"], module.params["ports"], own)
-    module.exit_json(changed=False, clashes=clashes)
+    if module.params["listeners"] is None:
+        clashes = port_clashes(module.params["address"], module.params["ports"], own)
+        module.exit_json(changed=False, clashes=clashes)
+    results = []
+    for listener in module.params["listeners"]:
+        try:
+            ports = [int(port) for port in listener.get("ports") or []]
+        except (TypeError, ValueError):
+            module.fail_json(msg=f"listener {listener!r}: ports must be whole numbers")
+        if "address" not in listener:
+            module.fail_json(msg=f"listener {listener!r}: no address")
+        results.append({"item": listener, "clashes": port_clashes(listener["address"], ports, own)})
+    clashes = [clash for result in results for clash in result["clashes"]]
+    module.exit_json(changed=False, clashes=clashes, results=results)
 
 
 if __name__ == "__main__":

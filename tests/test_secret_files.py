@@ -1,0 +1,85 @@
+"""The host's secret files in one call (socketwise.serve.secretfiles and its Ansible door):
+written root-only and only when they differ, kept, removed and made once as asked, and
+never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+
+from socketwise.serve.secretfiles import apply
+
+from .playbooks import BIN, REPO
+
+SECRET = "SOCKETWISE_BACKEND_KEY=never-shown-1234\n"
+
+
+def _module(args: dict, *extra: str) -> tuple[dict, str]:
+    """Run socketwise_secret_files with ansible against localhost: its result and output."""
+    done = subprocess.run(
+        [str(BIN / "ansible"), "localhost", "-i", "inventories/local", "-m",
+         "socketwise_secret_files", "-a", json.dumps(args), *extra],
+        cwd=REPO, capture_output=True, text=True, check=False,
+        env=dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles/vllm_service/library"),
+                 ANSIBLE_MODULE_UTILS=str(REPO / "roles/vllm_service/module_utils"),
+                 ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], done.stdout
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_one_call_makes_the_directory_writes_removes_and_makes_a_credential_once(tmp_path):
+    secrets = tmp_path / "secrets"
+    args = {
+        "dir": str(secrets),
+        "dir_mode": "0700",
+        "once": ["backend-key"],
+        "files": {"frontdoor.env": SECRET, "client-keys": ""},
+        "absent": ["frontdoor.pem"],
+    }
+    predicted, _ = _module(args, "--check")
+    assert predicted["changed"] and not secrets.exists()
+    first, output = _module(args)
+    assert first["changed_names"] == [".", "backend-key", "frontdoor.env", "client-keys"]
+    assert SECRET.strip() not in output  # a content is a no_log value
+    key = first["contents"]["backend-key"]
+    assert len(key.strip()) == 48 and key.strip().isalnum()
+    assert _mode(secrets) == 0o700
+    assert all(_mode(path) == 0o600 for path in secrets.iterdir())
+    assert (secrets / "frontdoor.env").read_text() == SECRET
+    again, _ = _module(args)
+    assert (again["changed"], again["changed_names"]) == (False, [])
+    assert again["contents"]["backend-key"] == key  # made once, read back
+    (secrets / "frontdoor.pem").write_text("old certificate\n")
+    args["files"]["client-keys"] = "a-new-client-key\n"
+    moved, _ = _module(args)
+    assert moved["changed_names"] == ["client-keys", "frontdoor.pem"]
+    assert not (secrets / "frontdoor.pem").exists()
+    assert (secrets / "client-keys").read_text() == "a-new-client-key\n"
+
+
+def test_kept_names_stay_and_a_file_with_the_wrong_mode_is_rewritten(tmp_path):
+    uid, gid = os.getuid(), os.getgid()
+    (tmp_path / "client-keys").write_text("old-key\n")
+    (tmp_path / "vllm.env").write_text("VLLM_API_KEY=x\n")
+    os.chmod(tmp_path / "vllm.env", 0o644)
+    files = [{"name": "client-keys", "content": "new-key\n", "force": False},
+             {"name": "vllm.env", "content": "VLLM_API_KEY=x\n"}]  # fmt: skip
+    assert apply(str(tmp_path), files, uid=uid, gid=gid)["changed"] == ["vllm.env"]
+    assert (tmp_path / "client-keys").read_text() == "old-key\n"
+    assert _mode(tmp_path / "vllm.env") == 0o600
+    assert apply(str(tmp_path), files, uid=uid, gid=gid)["changed"] == []
+
+
+def test_a_name_that_leaves_the_directory_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ValueError, match="not a file name"):
+        apply(str(tmp_path), [{"name": "ok", "content": "x"}], absent=["../elsewhere"])
+    assert list(tmp_path.iterdir()) == []
