@@ -4,7 +4,7 @@
 DOCUMENTATION = r"""
 ---
 module: socketwise_install_state
-short_description: Read the paths and packages an install needs, in one round trip
+short_description: Read the paths and packages an install or a service needs, in one round trip
 description:
   - A converged host installs nothing, and each task that finds that out (a directory
     that exists, a venv with its marker, a package installed) cost a round trip of its
@@ -19,6 +19,11 @@ options:
     default: []
   packages:
     description: Debian packages to ask dpkg about.
+    type: list
+    elements: str
+    default: []
+  globs:
+    description: Shell patterns of paths to list (a unit directory's units of a name).
     type: list
     elements: str
     default: []
@@ -42,8 +47,13 @@ installed:
   description: Those of I(packages) dpkg has installed.
   type: list
   returned: always
+found:
+  description: Per pattern of I(globs), the paths that match it, sorted.
+  type: dict
+  returned: always
 """
 
+import glob
 import os
 import stat
 
@@ -69,6 +79,7 @@ def main():
         argument_spec={
             "paths": {"type": "list", "elements": "path", "default": []},
             "packages": {"type": "list", "elements": "str", "default": []},
+            "globs": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -85,6 +96,7 @@ def main():
         changed=False,
         paths={path: read(path) for path in module.params["paths"]},
         installed=installed,
+        found={pattern: sorted(glob.glob(pattern)) for pattern in module.params["globs"]},
     )
 
 
