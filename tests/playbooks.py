@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -49,3 +50,18 @@ def run_playbook(playbook: str, *args: str, env: dict[str, str] | None = None) -
         text=True,
     )
     return PlaybookRun(result.returncode, result.stdout)
+
+
+def run_module(module: str, args: dict, *extra: str) -> tuple[dict, str]:
+    """Run one of vllm_service's modules with ansible against localhost, as a task would:
+    its result and ansible's whole output (to look for what it must not show)."""
+    done = subprocess.run(
+        [str(BIN / "ansible"), "localhost", "-i", "inventories/local", "-m", module,
+         "-a", json.dumps(args), *extra],
+        cwd=REPO, capture_output=True, text=True, check=False,
+        env=dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles/vllm_service/library"),
+                 ANSIBLE_MODULE_UTILS=str(REPO / "roles/vllm_service/module_utils"),
+                 ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], done.stdout

@@ -2,16 +2,14 @@
 release.yml and the vllm role leave a host's home."""
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from socketwise.serve.releases import prune, removable
 
-from .playbooks import BIN, REPO
+from .playbooks import run_module
 
 
 def _venv(home: Path, build: str) -> Path:
@@ -145,22 +143,10 @@ def test_the_module_prunes_on_the_host_and_only_predicts_in_check_mode(home, tmp
     """The Ansible door, run by ansible itself against localhost with the role's library
     and module_utils: check mode names what would go, a real run removes it."""
     root, releases = home["home"], home["releases"]
-    args = json.dumps(
-        {"home": f"{root}/", "releases": f"{root}/releases", "keep": [releases["current"]]}
-    )
+    args = {"home": f"{root}/", "releases": f"{root}/releases", "keep": [releases["current"]]}
 
     def run(*extra: str) -> dict:
-        result = subprocess.run(
-            [str(BIN / "ansible"), "localhost", "-i", "inventories/local", "-m",
-             "socketwise_prune", "-a", args, *extra],
-            cwd=REPO, capture_output=True, text=True, check=False,
-            env=dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles/vllm_service/library"),
-                     ANSIBLE_MODULE_UTILS=str(REPO / "roles/vllm_service/module_utils"),
-                     ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout + result.stderr
-        output = json.loads(result.stdout)
-        return output["plays"][0]["tasks"][0]["hosts"]["localhost"]
+        return run_module("socketwise_prune", args, *extra)[0]
 
     expected = [
         str(root / "releases" / "sn-000000000001"),

@@ -558,6 +558,43 @@ def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(flee
     assert fleet.on(DOOR, "stat -c %a /run/socketwise-fleet") == "700"
 
 
+def test_calibrate_s_drain_takes_a_host_out_of_the_fleet_door_and_back_losing_no_request(
+    fleet, noop
+):
+    """playbooks/drain.yml, which `socketwise calibrate` runs around the host it measures,
+    under load through the fleet door: the drained host gets no request while it is out,
+    the other host serves them all, and it is back up when the playbook returns."""
+
+    def drain(out: bool) -> None:
+        variables = {"socketwise_drain": out, "socketwise_drain_hosts": [SN_HOST]}
+        done, _ = fleet.run("playbooks/drain.yml", "-e", json.dumps(variables))
+        assert done.returncode == 0, done.output[-3000:]
+
+    load = Load(fleet)
+    time.sleep(3)
+    try:
+        drain(True)
+        out = fleet.fleet_servers()[SN_HOST]
+        # LOAD_RATE a second: a few requests, every one of them to the other host.
+        time.sleep(8)
+        still_out = fleet.fleet_servers()[SN_HOST]
+        drain(False)
+        back = fleet.fleet_servers()[SN_HOST]
+        time.sleep(8)
+        serving = fleet.fleet_servers()[SN_HOST]
+    finally:
+        result = load.finish()
+    assert out["status"] == still_out["status"] == "MAINT", (out, still_out)
+    assert still_out["stot"] == out["stot"], "a request reached the drained host"
+    # Back in the pool (HAProxy shows "UP 1/2" while its checks count up again), and
+    # taking requests.
+    assert back["status"].startswith("UP"), back
+    assert int(serving["stot"]) > int(back["stot"]), (back, serving)
+    assert result["failed"] == 0 and result["completed"] == result["sent"], failed_story(
+        fleet, result
+    )
+
+
 def scraped(fleet: Fleet) -> dict[str, dict[str, dict]]:
     """{job: {instance label: target}} of the monitor's active targets, once every one was
     scraped at least once."""

@@ -4,32 +4,20 @@ never shown."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import subprocess
 
 import pytest
 
 from socketwise.serve.secretfiles import apply
 
-from .playbooks import BIN, REPO
+from .playbooks import run_module
 
 SECRET = "SOCKETWISE_BACKEND_KEY=never-shown-1234\n"
 
 
 def _module(args: dict, *extra: str) -> tuple[dict, str]:
-    """Run socketwise_secret_files with ansible against localhost: its result and output."""
-    done = subprocess.run(
-        [str(BIN / "ansible"), "localhost", "-i", "inventories/local", "-m",
-         "socketwise_secret_files", "-a", json.dumps(args), *extra],
-        cwd=REPO, capture_output=True, text=True, check=False,
-        env=dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles/vllm_service/library"),
-                 ANSIBLE_MODULE_UTILS=str(REPO / "roles/vllm_service/module_utils"),
-                 ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], done.stdout
+    return run_module("socketwise_secret_files", args, *extra)
 
 
 def _mode(path) -> int:
