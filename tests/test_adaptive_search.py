@@ -8,21 +8,24 @@ from dataclasses import dataclass
 
 import pytest
 
-from socketwise.measure.sweep import Profile, Sweep, run_adaptive, run_fixed
+from socketwise.measure.sweep import Profile, Sweep, offered, run_adaptive, run_fixed
 
 OUTPUT_LEN = 32
 
 
 @dataclass(frozen=True)
 class Curve:
-    """A layout that sustains `saturation` req/s flat out, each request worth
+    """A layout that sustains `saturation` req/s flat out (`sustained` in an open-loop
+    step, when its burst of flat-out requests flatters it), each request worth
     `efficiency` x OUTPUT_LEN output tokens a second."""
 
     saturation: float
     efficiency: float = 1.0
+    sustained: float | None = None
 
     def output_tok_s(self, rate: float) -> float:
-        return OUTPUT_LEN * self.efficiency * min(rate, self.saturation)
+        limit = self.saturation if self.sustained is None else self.sustained
+        return OUTPUT_LEN * self.efficiency * min(rate, limit)
 
 
 class CurveSweep(Sweep):
@@ -36,6 +39,10 @@ class CurveSweep(Sweep):
         self.deployed: str | None = None
         self.deploys, self.steps_run = 0, 0
         self.batches: dict[str, set[str]] = {}
+        self.hosts, self.steps_planned, self.said = 1, 0, []
+
+    def _say(self, message: str) -> None:
+        self.said.append(message)
 
     def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
         if self.deployed != layout:
@@ -82,9 +89,11 @@ def test_the_crossover_is_found_within_one_grid_step_in_fewer_steps_than_the_gri
     low, high = search["crossover_between"]
     grid_cost, grid_step = grid_steps(2)
     assert low <= crossover(SN, DP) <= high and high - low <= grid_step, search
-    # Two bracket steps and one midpoint a round on each layout, against the grid's 15.
+    # SN saturates below every midpoint, so each round measures both layouts: two
+    # bracket steps and three midpoints on each, against the grid's 15.
     assert experiment.steps_run == 2 * (2 + 3) < grid_cost
-    # The rounds alternate the order of the layouts: one redeploy a round.
+    assert [r["measured"] for r in search["rounds"]] == [["sn", "dp"], ["dp", "sn"], ["sn", "dp"]]
+    # Each round starts on the layout deployed: one redeploy a round.
     assert experiment.deploys == 2 + 3
     # Each round halves the bracket it was given, keeping the side the crossover is on.
     for made, following in zip(search["rounds"], search["rounds"][1:], strict=False):
@@ -108,15 +117,58 @@ def test_the_search_starts_between_half_of_sns_flat_out_rate_and_the_highest_one
         # Never ahead by 3 % (2 % more per request and no more flat out): the bracket closes
         # on its top, the highest flat-out rate.
         (Curve(saturation=10.0, efficiency=1.02), 1),
-        # Ahead everywhere (faster per request and saturating later): on its bottom.
-        (Curve(saturation=16.0, efficiency=1.2), 0),
+        # Ahead everywhere: SN's flat-out burst flatters it, it sustains 4 req/s only.
+        (Curve(saturation=16.0), 0),
     ],
 )
 def test_a_layout_never_or_always_ahead_drives_the_bracket_to_its_end(dp, end):
-    search = run_adaptive(CurveSweep({"sn": SN, "dp": dp}), ["sn", "dp"], rounds=4)
+    sn = SN if end else Curve(saturation=10.0, sustained=4.0)
+    search = run_adaptive(CurveSweep({"sn": sn, "dp": dp}), ["sn", "dp"], rounds=4)
     start = [SN.saturation / 2, max(SN.saturation, dp.saturation)]
     assert search["crossover_between"][end] == start[end]
     assert {r["second_ahead"] for r in search["rounds"]} == {end == 0}
+
+
+def test_where_sn_delivers_what_is_offered_dp_is_not_measured_and_not_redeployed():
+    # DP-2 saturates later (11 req/s) but runs each request 5 % slower: it overtakes SN at
+    # 1.03 x 10 / 0.95 = 10.84 req/s. The midpoints 8 and 9.5 req/s are below SN's
+    # saturation: SN delivers them, and DP, which cannot deliver more than the arrivals,
+    # cannot be 3 % ahead there.
+    dp = Curve(saturation=11.0, efficiency=0.95)
+    experiment = CurveSweep({"sn": SN, "dp": dp})
+    search = run_adaptive(experiment, ["sn", "dp"], rounds=4)
+    # At 10.25 req/s SN delivers 10, 97.6 % of what was offered: still not measured.
+    assert [(r["rate"], r["measured"]) for r in search["rounds"]] == [
+        (8.0, ["sn"]), (9.5, ["sn"]), (10.25, ["sn"]), (10.62, ["sn", "dp"]),
+    ]  # fmt: skip
+    assert [r["rate"] for r in experiment.summary if r["layout"] == "dp"] == [None, 10.62]
+    low, high = search["crossover_between"]
+    assert (low, high) == (10.62, 11.0) and low <= crossover(SN, dp) <= high
+    # DP bracketed first, SN last, then DP once more: three deploys where alternating the
+    # layouts every round took five.
+    assert experiment.deploys == 3
+    assert experiment.steps_planned == -3
+    assert experiment.said[0] == (
+        "dp: 1 step(s) not needed: sn delivered 100.0% of the most any layout can at 8 "
+        "req/s, so dp cannot lead it by 3 %"
+    )
+
+
+@pytest.mark.parametrize(("sustained", "measured"), [(10.3, ["sn"]), (10.28, ["sn", "dp"])])
+def test_dp_is_measured_unless_sn_delivered_within_3_percent_of_the_most_it_could(
+    sustained, measured
+):
+    experiment = CurveSweep({"sn": Curve(saturation=10.0, sustained=sustained), "dp": DP})
+    experiment.profile = Profile(output_len=OUTPUT_LEN, step_seconds=10)
+    search = run_adaptive(experiment, ["sn", "dp"], rounds=1)
+    # The midpoint of 5 and 16 req/s: 105 requests, the last sent at least 104 / 10.5 s
+    # after the first, so no layout delivers more than 10.6 req/s; 10.29 is 3 % short.
+    (made,) = search["rounds"]
+    assert made["rate"] == 10.5
+    assert offered(experiment.profile.rate_step(10.5)) == pytest.approx(
+        105 * OUTPUT_LEN / (104 / 10.5)
+    )
+    assert made["measured"] == measured
 
 
 def test_plain_vllm_is_bracketed_but_not_bisected():

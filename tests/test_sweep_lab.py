@@ -108,16 +108,23 @@ def _rows(run_dir: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _search(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())["adaptive"]
+
+
 def test_summary_has_every_step_of_every_layout(run_dir):
     rows = _rows(run_dir)
     assert {r["layout"] for r in rows} == {*VARIANTS, *SEARCH}
     for layout in VARIANTS:
         mine = [r for r in rows if r["layout"] == layout]
         assert [(r["concurrency"], r["rate"]) for r in mine] == [("1", "")]
+    # The synchronous bracket and the bisection's midpoint (on DP only when SN fell short
+    # of it); the flat-out run is no row.
+    (made,) = _search(run_dir)["rounds"]
     for layout in SEARCH:
-        # The synchronous bracket and the bisection's midpoint; the flat-out run is no row.
         mine = [r for r in rows if r["layout"] == layout]
-        assert sorted(bool(r["rate"]) for r in mine) == [False, True]
+        at_midpoint = [True] if layout in made["measured"] else []
+        assert sorted(bool(r["rate"]) for r in mine) == [False, *at_midpoint]
     assert all(int(r["completed"]) > 0 and float(r["output_tok_s"]) > 0 for r in rows)
 
 
@@ -312,16 +319,20 @@ def test_the_load_came_from_the_load_generator(machines, calibration):
 
 
 def test_progress_moves_with_every_step_and_gives_an_eta(calibration):
-    finished = re.findall(
-        rf"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: [\w-]+: {SERVED} (\S+) done",
-        calibration.stdout,
-    )
-    # c1 on each variant, then c1 and flat out on SN and DP, then the midpoint on both.
-    total = len(VARIANTS) + 3 * len(SEARCH)
+    line = r"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: "
+    finished = re.findall(rf"{line}[\w-]+: {SERVED} (\S+) done", calibration.stdout)
+    # c1 on each variant, then c1 and flat out on DP and SN, then the midpoint on SN, and
+    # on DP unless SN delivered it (the plan then drops that step, saying why).
+    (made,) = _search(calibration.run_dir)["rounds"]
+    total = len(VARIANTS) + 2 * len(SEARCH) + len(made["measured"])
     assert [int(n) for n, _, _, _ in finished] == list(range(1, total + 1))
-    assert {t for _, t, _, _ in finished} == {str(total)}
-    assert finished[-1][2] == "0.0"
-    assert [name[0] for _, _, _, name in finished] == list("ccccmcmrr")
+    assert [name[0] for _, _, _, name in finished] == list("ccccmcm" + "r" * len(made["measured"]))
+    assert {t for _, t, _, _ in finished[:-1]} == {str(len(VARIANTS) + 3 * len(SEARCH))}
+    # The last line, a step's or the dropped step's, has nothing left to wait for.
+    last = re.findall(rf"{line}(.*)", calibration.stdout)[-1]
+    assert last[:3] == (str(total), str(total), "0.0"), last
+    if made["measured"] == ["sn"]:
+        assert last[3].startswith("dp: 1 step(s) not needed: sn delivered "), last
 
 
 def test_the_calibration_wrote_the_report_of_its_run(calibration):
@@ -355,24 +366,31 @@ def test_the_key_guidellm_sent_is_gone_from_the_load_generator_and_the_run(machi
     assert run_on(machines.loadgen, "ls /etc/socketwise/secrets") == ""
 
 
-def test_the_search_measures_brackets_and_the_bisection_midpoint_on_both_layouts(run_dir):
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    search = manifest["adaptive"]
+def test_the_search_measures_brackets_and_the_bisection_midpoint(run_dir):
+    search = _search(run_dir)
     # Each layout saturates at the request rate its flat-out bracket step sustained.
     saturation = search["saturation_rate"]
     for layout in SEARCH:
         flat_out = run_dir / "hosts" / SERVED / layout / "bracket" / "max" / "bench.json"
         assert saturation[layout] == json.loads(flat_out.read_text())["request_throughput"] > 0
     # The search starts between half of SN's flat-out rate and the highest flat-out rate and
-    # measures the midpoint; DP is ahead there when it leads SN by more than 3 %, and the
-    # crossover then lies below the midpoint, else above it.
+    # measures the midpoint on SN, deployed last. DP is ahead there when it leads SN by more
+    # than 3 %, and the crossover then lies below the midpoint, else above it. Where SN
+    # delivered within 3 % of what the step's arrivals allow, DP is not measured.
     (round_1,) = search["rounds"]
     low, high = round(saturation["sn"] / 2, 2), round(max(saturation[x] for x in SEARCH), 2)
     assert (round_1["low"], round_1["high"]) == (low, high)
     assert round_1["rate"] == round((low + high) / 2, 2)
     rows = _rows(run_dir)
     at_midpoint = {r["layout"]: float(r["output_tok_s"]) for r in rows if r["rate"]}
-    assert round_1["second_ahead"] == (at_midpoint["dp"] > 1.03 * at_midpoint["sn"])
+    assert set(at_midpoint) == set(round_1["measured"]) and round_1["measured"][0] == "sn"
+    step = json.loads(
+        (run_dir / "hosts" / SERVED / "sn" / "round-1" / f"r{round_1['rate']:g}" / "step.json")
+        .read_text()
+    )  # fmt: skip
+    most = step["num_prompts"] * step["output_len"] * round_1["rate"] / (step["num_prompts"] - 1)
+    assert ("dp" in at_midpoint) == (at_midpoint["sn"] * 1.03 < most)
+    assert round_1["second_ahead"] == (at_midpoint.get("dp", 0) > 1.03 * at_midpoint["sn"])
     half = [low, round_1["rate"]] if round_1["second_ahead"] else [round_1["rate"], high]
     assert search["crossover_between"] == half
     # The written crossover is that bracket's midpoint as concurrency: rate x SN's latency

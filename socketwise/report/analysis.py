@@ -281,9 +281,9 @@ def analyse(run_dir: str | Path) -> dict:
         low, high = search
         notes.append(
             f"the adaptive search kept the SN/DP crossover between {fmt_load(low)} and "
-            f"{fmt_load(high)} req/s (each round's midpoint on both layouts, and the flat-out "
-            "rates, which the crossover above cannot compare: only rates both layouts were "
-            "measured at count there)"
+            f"{fmt_load(high)} req/s (each round's midpoint, on DP where SN fell short of it, "
+            "and the flat-out rates, which the crossover above cannot compare: only rates "
+            "both layouts were measured at count there)"
         )
     result = {
         "schema": SCHEMA,
