@@ -16,6 +16,17 @@ def test_rates_are_placed_relative_to_the_measured_maximum():
     assert [s["concurrency"] for s in steps if "concurrency" in s] == [1, 4]
 
 
+def test_closed_loop_steps_last_about_step_seconds_at_most_and_send_8_per_request_in_flight():
+    profile = Profile(concurrencies=[1, 4, 64], step_seconds=30)
+    # 40 req/s flat out with 32 in flight: 4 in flight deliver at least 5 req/s, so 150
+    # requests take 30 s at most; one in flight 38; 64 no more than the flat-out run's 32.
+    fast = {s["concurrency"]: s["num_prompts"] for s in profile.steps(40.0) if "concurrency" in s}
+    assert fast == {1: 38, 4: 150, 64: 1200}
+    # A host that sustains 1 req/s flat out gets the floor: 8 requests per one in flight.
+    slow = {s["concurrency"]: s["num_prompts"] for s in profile.steps(1.0) if "concurrency" in s}
+    assert slow == {1: 8, 4: 32, 64: 512}
+
+
 def test_the_same_sweep_scales_with_the_host():
     small = Profile().steps(max_rate=0.8)
     big = Profile().steps(max_rate=80.0)

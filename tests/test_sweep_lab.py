@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -139,8 +140,15 @@ def test_run_directory_discloses_what_was_measured(run_dir):
     assert built["platform"] == ("ZenCpuPlatform" if built["class"] == "zen" else "CpuPlatform")
     assert host["model_bytes"] > 0 and host["bandwidth_gbps"] > 0
     assert "vLLM's own defaults" in manifest["baseline"]
+    # Plain vLLM's flat-out rate sized every closed-loop step: 4 s at its rate with 32 in
+    # flight, a thirty-second of it with one, and no fewer than 8.
+    flat_out = run_dir / "hosts" / SERVED / "baseline" / "calibration" / "max" / "bench.json"
+    rate = json.loads(flat_out.read_text())["request_throughput"]
+    assert manifest["calibration"] == {"layout": "baseline", "max_request_rate": rate}
     for layout in VARIANTS:
         results = run_dir / "hosts" / SERVED / layout / "round-1"
+        sized = json.loads((results / "c1" / "step.json").read_text())["num_prompts"]
+        assert sized == max(8, math.ceil(4 * rate / 32))
         assert (results / "idle.json").exists()
         assert_journal_shows_the_server_decoding(results)
         assert "task" in (results / "placement.txt").read_text()
@@ -205,7 +213,10 @@ def test_every_layout_is_measured_warm(run_dir):
         path = run_dir / "hosts" / SERVED / layout / batch / name / "step.json"
         return json.loads(path.read_text())
 
-    for layout in VARIANTS:
+    # Plain vLLM, deployed first, is warmed by its flat-out run, which sized every step.
+    assert step("baseline", "calibration", "max")["warmups"] == 4
+    assert "warmups" not in step("baseline", "round-1", "c1")
+    for layout in VARIANTS[1:]:
         assert step(layout, "round-1", "c1")["warmups"] == 4
     assert step("dp", "bracket", "c1")["warmups"] == 4
     assert "warmups" not in step("dp", "bracket", "max")
@@ -321,13 +332,14 @@ def test_the_load_came_from_the_load_generator(machines, calibration):
 def test_progress_moves_with_every_step_and_gives_an_eta(calibration):
     line = r"\[sweep\] step (\d+)/(\d+), ETA ([0-9.]+) min: "
     finished = re.findall(rf"{line}[\w-]+: {SERVED} (\S+) done", calibration.stdout)
-    # c1 on each variant, then c1 and flat out on DP and SN, then the midpoint on SN, and
-    # on DP unless SN delivered it (the plan then drops that step, saying why).
+    # The first variant flat out, c1 on each variant, then c1 and flat out on DP and SN,
+    # then the midpoint on SN, and on DP unless SN delivered it (the plan then drops that
+    # step, saying why).
     (made,) = _search(calibration.run_dir)["rounds"]
-    total = len(VARIANTS) + 2 * len(SEARCH) + len(made["measured"])
+    total = 1 + len(VARIANTS) + 2 * len(SEARCH) + len(made["measured"])
     assert [int(n) for n, _, _, _ in finished] == list(range(1, total + 1))
-    assert [name[0] for _, _, _, name in finished] == list("ccccmcm" + "r" * len(made["measured"]))
-    assert {t for _, t, _, _ in finished[:-1]} == {str(len(VARIANTS) + 3 * len(SEARCH))}
+    assert [name[0] for _, _, _, name in finished] == list("mccccmcm" + "r" * len(made["measured"]))
+    assert {t for _, t, _, _ in finished[:-1]} == {str(1 + len(VARIANTS) + 3 * len(SEARCH))}
     # The last line, a step's or the dropped step's, has nothing left to wait for.
     last = re.findall(rf"{line}(.*)", calibration.stdout)[-1]
     assert last[:3] == (str(total), str(total), "0.0"), last

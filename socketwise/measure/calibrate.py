@@ -44,6 +44,7 @@ from socketwise.measure.sweep import (
     Profile,
     Sweep,
     SweepError,
+    _flat_out_step,
     _numbers,
     _runner,
     base_manifest,
@@ -248,9 +249,13 @@ def calibrate_class(
     layouts = variants(target)
     rounds, search_rounds = options["rounds"], options["search_rounds"]
     names = list(layouts)
-    planned = rounds * len(names) * len(profile.concurrencies) + 4 + 2 * search_rounds
+    planned = 1 + rounds * len(names) * len(profile.concurrencies) + 4 + 2 * search_rounds
     experiment = Sweep(inventory, run_dir, profile, planned, options["tool"], layouts, target.limit)
-    closed = [step for step in profile.steps(1.0) if "concurrency" in step]
+    # The first variant driven flat out sizes the closed-loop steps of all (the sweep's
+    # calibration): about step_seconds each, however fast the host.
+    experiment.measure(names[0], [_flat_out_step(profile)], "calibration")
+    max_rate = experiment.flat_out[names[0]]
+    closed = [step for step in profile.steps(max_rate) if "concurrency" in step]
     by_round = []
     for number in range(1, rounds + 1):
         first = len(experiment.summary)
@@ -276,6 +281,7 @@ def calibrate_class(
         "target": {**asdict(target), "vars_file": str(target.vars_file)},
         "experiment": experiment,
         "search": search,
+        "calibration": {"layout": names[0], "max_request_rate": max_rate},
         "decided": decided,
         "figures": {
             "medians": {n: {str(c): m for c, m in f.items()} for n, f in figures.items()},
@@ -394,8 +400,10 @@ def calibrate(
         for line in _lines(target, measured):
             _say(line)
         _say(f"  {target.host} now serves {plan['layout'].upper()}: {plan['reason']}")
-        if len(found) == 1 and measured["search"]:
-            manifest["adaptive"] = measured["search"]
+        if len(found) == 1:
+            manifest["calibration"] = measured["calibration"]
+            if measured["search"]:
+                manifest["adaptive"] = measured["search"]
         result["classes"].append(
             {
                 **measured,

@@ -95,7 +95,7 @@ class Profile:
         for repetition in range(self.repetitions):
             suffix = f"-{repetition + 1}" if self.repetitions > 1 else ""
             for concurrency in self.concurrencies:
-                prompts = max(self.min_prompts, concurrency * self.min_prompts)
+                prompts = self.closed_prompts(concurrency, max_rate)
                 steps.append(
                     {"name": f"c{concurrency}{suffix}", "concurrency": concurrency,
                      "num_prompts": prompts, **shape}
@@ -104,6 +104,16 @@ class Profile:
                 step = self.rate_step(round(max_rate * fraction, 2))
                 steps.append({**step, "name": step["name"] + suffix})
         return steps
+
+    def closed_prompts(self, concurrency: int, max_rate: float) -> int:
+        """Requests of a closed-loop step: about step_seconds of load at most, and at least
+        min_prompts per request in flight. The flat-out run kept calibration_prompts in
+        flight at max_rate req/s, and a request's share of the throughput does not grow as
+        fewer are in flight, so `concurrency` of them deliver at least max_rate x
+        concurrency / calibration_prompts req/s."""
+        in_flight = min(concurrency, self.calibration_prompts)
+        sized = math.ceil(self.step_seconds * max_rate * in_flight / self.calibration_prompts)
+        return max(self.min_prompts * concurrency, sized)
 
     def rate_step(self, rate: float) -> dict:
         """An open-loop step of about step_seconds at `rate` req/s."""
