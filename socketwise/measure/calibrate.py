@@ -445,7 +445,8 @@ def register(
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--step-seconds", type=float, default=30.0,
-                        help="seconds of load a rate step of the crossover search")  # fmt: skip
+                        help="seconds of load a step: a crossover search's rate step, and at "
+                        "most about a closed-loop step")  # fmt: skip
     parser.add_argument("--tool", default="vllm", help=f"load generator: {' or '.join(TOOLS)}")
     parser.set_defaults(func=functools.partial(_run, write_report=write_report))
 
