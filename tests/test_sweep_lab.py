@@ -298,8 +298,10 @@ def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
         str(s.parent): json.loads((s.parent / "bench.json").read_text()).get("failure_reasons")
         for s in steps
     }
-    # A c1 step per variant; per search layout c1 and flat out, then the midpoint.
-    assert len(steps) == len(VARIANTS) + 3 * len(SEARCH)
+    # The first variant flat out, a c1 step per variant, per search layout c1 and flat
+    # out, then the midpoint on the layouts the round measured.
+    (made,) = _search(run_dir)["rounds"]
+    assert len(steps) == 1 + len(VARIANTS) + 2 * len(SEARCH) + len(made["measured"])
     for step in steps:
         record = json.loads(step.read_text())
         bench = json.loads((step.parent / "bench.json").read_text())
