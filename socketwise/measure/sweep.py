@@ -108,8 +108,8 @@ class Profile:
     def closed_prompts(self, concurrency: int, max_rate: float) -> int:
         """Requests of a closed-loop step: about step_seconds of load at most, and at least
         min_prompts per request in flight. The flat-out run kept calibration_prompts in
-        flight at max_rate req/s, and a request's share of the throughput does not grow as
-        fewer are in flight, so `concurrency` of them deliver at least max_rate x
+        flight at max_rate req/s, and a request's share of the throughput does not shrink
+        as fewer are in flight, so `concurrency` of them deliver at least max_rate x
         concurrency / calibration_prompts req/s."""
         in_flight = min(concurrency, self.calibration_prompts)
         sized = math.ceil(self.step_seconds * max_rate * in_flight / self.calibration_prompts)
