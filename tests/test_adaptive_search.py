@@ -154,6 +154,17 @@ def test_where_sn_delivers_what_is_offered_dp_is_not_measured_and_not_redeployed
     )
 
 
+def test_a_round_that_starts_on_dp_measures_both_and_drops_nothing():
+    # DP is ahead at 10.5 req/s, where SN has saturated; the next round, at 7.75, starts
+    # on DP, deployed, and SN delivers it: both were measured, no step is dropped.
+    experiment = CurveSweep({"sn": SN, "dp": Curve(saturation=16.0)})
+    search = run_adaptive(experiment, ["sn", "dp"], rounds=2)
+    assert [(r["rate"], r["measured"]) for r in search["rounds"]] == [
+        (10.5, ["sn", "dp"]), (7.75, ["dp", "sn"]),
+    ]  # fmt: skip
+    assert (experiment.said, experiment.steps_planned) == ([], 0)
+
+
 @pytest.mark.parametrize(("sustained", "measured"), [(10.3, ["sn"]), (10.28, ["sn", "dp"])])
 def test_dp_is_measured_unless_sn_delivered_within_3_percent_of_the_most_it_could(
     sustained, measured

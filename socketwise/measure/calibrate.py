@@ -44,7 +44,6 @@ from socketwise.measure.sweep import (
     Profile,
     Sweep,
     SweepError,
-    _flat_out_step,
     _numbers,
     _runner,
     base_manifest,
@@ -253,9 +252,8 @@ def calibrate_class(
     experiment = Sweep(inventory, run_dir, profile, planned, options["tool"], layouts, target.limit)
     # The first variant driven flat out sizes the closed-loop steps of all (the sweep's
     # calibration): about step_seconds each, however fast the host.
-    experiment.measure(names[0], [_flat_out_step(profile)], "calibration")
-    max_rate = experiment.flat_out[names[0]]
-    closed = [step for step in profile.steps(max_rate) if "concurrency" in step]
+    calibration = experiment.drive_flat_out(names[0])
+    closed = [s for s in profile.steps(calibration["max_request_rate"]) if "concurrency" in s]
     by_round = []
     for number in range(1, rounds + 1):
         first = len(experiment.summary)
@@ -281,7 +279,7 @@ def calibrate_class(
         "target": {**asdict(target), "vars_file": str(target.vars_file)},
         "experiment": experiment,
         "search": search,
-        "calibration": {"layout": names[0], "max_request_rate": max_rate},
+        "calibration": calibration,
         "decided": decided,
         "figures": {
             "medians": {n: {str(c): m for c, m in f.items()} for n, f in figures.items()},

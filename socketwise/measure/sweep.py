@@ -354,6 +354,12 @@ class Sweep:
             self._say(f"{layout}: {data.get('host')} {name} {outcome}")
         return True
 
+    def drive_flat_out(self, layout: str) -> dict:
+        """The batch `calibration`: LAYOUT driven flat out once, whose request rate places
+        the rate steps and sizes the closed-loop ones (manifest.json's `calibration`)."""
+        self.measure(layout, [_flat_out_step(self.profile)], "calibration")
+        return {"layout": layout, "max_request_rate": self.flat_out[layout]}
+
     def skip(self, layout: str, steps: int, why: str) -> None:
         """Take `steps` planned steps of `layout` off the plan (and the ETA), saying why."""
         self.steps_planned -= steps * self.hosts
@@ -378,13 +384,14 @@ def _flat_out_step(profile: Profile) -> dict:
             "input_len": profile.input_len, "output_len": profile.output_len}  # fmt: skip
 
 
-def run_fixed(experiment: Sweep, layouts: list[str]) -> None:
-    """Calibrate on the first layout, then every layout at the same calibrated steps."""
-    profile = experiment.profile
-    experiment.measure(layouts[0], [_flat_out_step(profile)], "calibration")
-    steps = profile.steps(experiment.flat_out[layouts[0]])
+def run_fixed(experiment: Sweep, layouts: list[str]) -> dict:
+    """Calibrate on the first layout, then every layout at the same calibrated steps;
+    returns the calibration."""
+    calibration = experiment.drive_flat_out(layouts[0])
+    steps = experiment.profile.steps(calibration["max_request_rate"])
     for layout in layouts:
         experiment.measure(layout, steps, "sweep")
+    return calibration
 
 
 def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
@@ -422,10 +429,8 @@ def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
         for layout in order:
             experiment.measure(layout, [step], f"round-{number}")
             measured.append(layout)
-            if second in measured:
-                continue
             delivered = experiment.throughput(first, rate) / offered(step)
-            if delivered * 1.03 >= 1:
+            if measured == [first] and delivered * 1.03 >= 1:
                 why = f"{first} delivered {delivered:.1%} of the most any layout can at {rate:g}"
                 experiment.skip(second, 1, f"{why} req/s, so {second} cannot lead it by 3 %")
                 break
@@ -516,11 +521,7 @@ def sweep(
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
     experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts), tool)
     if mode == "fixed":
-        run_fixed(experiment, layouts)
-        manifest["calibration"] = {
-            "layout": layouts[0],
-            "max_request_rate": experiment.flat_out[layouts[0]],
-        }
+        manifest["calibration"] = run_fixed(experiment, layouts)
     else:
         manifest["adaptive"] = run_adaptive(experiment, layouts, rounds)
     if restore:
