@@ -422,11 +422,14 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     node_uses = [node_use(n, placed) for n in nodes if n.id in used]
     reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
     for instance in instances:
-        # The whole service may run on its ranks' CPUs and its nodes' reserved ones (API
-        # server, engine core); vLLM then pins each worker's threads to its rank's CPUs.
+        # The whole service may run on its ranks' CPUs and its nodes' reserved ones; vLLM
+        # pins each worker's threads to its rank's CPUs, and the unit then moves the API
+        # server to the reserved ones (`frontend_cpus`) and the engine core beside its
+        # first rank (socketwise.serve.frontend).
         threads = {cpu for rank in instance["ranks"] for cpu in rank["cpus"]}
         front = {cpu for node in instance["membind"] for cpu in reserved[node]}
         instance["cpus_allowed"] = sorted(threads | front)
+        instance["frontend_cpus"] = sorted(front)
     placement = (layout, dp_mode, reason, instances, node_uses)
     return finish_plan(topo, request, build_of_host, *placement)
 

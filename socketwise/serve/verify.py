@@ -11,10 +11,8 @@ import os
 from pathlib import Path
 
 from ..facts.topology import parse_cpulist
+from .frontend import ENGINE_PREFIX, WORKER_PREFIX, tree
 
-# vLLM names its processes; only the workers pin threads (API server and engine core
-# float over the service's CPUs), so they are what the plan's ranks are checked against.
-WORKER_PREFIX = "VLLM::Worker"
 # vLLM's x86 kernel libraries: it loads one at run time, by what the CPU can do.
 KERNEL_LIBRARIES = ("_C", "_C_AVX512", "_C_AVX2")
 # Allocators and OpenMP runtimes: which ones really serve shows whether preloads took.
@@ -31,23 +29,7 @@ def _status_field(path: Path, field: str) -> str:
 
 def process_tree(main_pid: int, proc: Path = Path("/proc")) -> list[int]:
     """`main_pid` and every descendant, parents before children."""
-    children: dict[int, list[int]] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # comm may hold spaces and parentheses: the parent PID follows the last ')'.
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, queue = [], [main_pid]
-    while queue:
-        pid = queue.pop(0)
-        tree.append(pid)
-        queue.extend(sorted(children.get(pid, [])))
-    return tree
+    return [pid for pid, _ in tree(main_pid, proc)]
 
 
 def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
@@ -119,7 +101,8 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
     """Problems between a planned instance and its processes; empty when they agree.
 
     Each rank must be served by exactly one worker whose threads run on exactly the
-    rank's CPUs, and no process of the service may run outside `cpus_allowed`.
+    rank's CPUs, the front end and engine core where the plan keeps them, and no
+    process of the service may run outside `cpus_allowed`.
     """
     problems = []
     name = instance["name"]
@@ -136,6 +119,7 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
                 f"{name}: worker {worker['pid']} ({worker['title']}) threads run on CPUs "
                 f"{worker['thread_cpus']}, plan's ranks: {ranks}"
             )
+    problems += _front_end_problems(instance, processes)
     allowed = set(instance["cpus_allowed"])
     for process in processes:
         outside = sorted(set(process["cpus_allowed"]) - allowed)
@@ -143,6 +127,28 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
             problems.append(
                 f"{name}: process {process['pid']} ({process['title']}) may run on CPUs "
                 f"{outside} outside the planned {sorted(allowed)}"
+            )
+    return problems
+
+
+def _front_end_problems(instance: dict, processes: list[dict]) -> list[str]:
+    """Where the plan keeps CPUs for the front end (`frontend_cpus`), the API server's
+    threads and its other processes' run on them, and an engine core's beside its first
+    rank (frontend.py placed them when the unit started)."""
+    frontend = sorted(instance.get("frontend_cpus") or [])
+    if not frontend:
+        return []
+    engine = sorted(instance["ranks"][0]["cpus"]) if instance.get("data_parallel", 1) == 1 else None
+    problems = []
+    for process in processes:
+        if process["comm"].startswith(WORKER_PREFIX):
+            continue
+        is_engine = process["comm"].startswith(ENGINE_PREFIX)
+        want, role = (engine, "engine core") if is_engine else (frontend, "front end")
+        if want is not None and process["thread_cpus"] != want:
+            problems.append(
+                f"{instance['name']}: {role} process {process['pid']} ({process['title']}) "
+                f"runs on CPUs {process['thread_cpus']}, planned {want}"
             )
     return problems
 

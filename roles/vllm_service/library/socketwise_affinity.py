@@ -11,6 +11,8 @@ description:
     C(Cpus_allowed_list) of every process and thread from C(/proc).
   - Each planned rank must be served by one C(VLLM::Worker*) process whose threads run
     on exactly the rank's CPUs; no process of the unit may run outside C(cpus_allowed).
+  - Where the plan keeps cores for the front end (C(frontend_cpus)), a venv's API server
+    and its other processes must run on them, and its engine core on its first rank's CPUs.
   - Reads the shared libraries the unit's processes map (C(/proc/PID/maps)) to say
     which vLLM platform (C(ZenCpuPlatform) when zentorch is loaded, else C(CpuPlatform)),
     which kernel library (C(_C), C(_C_AVX512), C(_C_AVX2)) and which preloads really run.
@@ -110,7 +112,10 @@ def main():
         processes = [p for p in map(describe, pids) if p]
         loaded = runtime(pids)
         if module.params["compare"]:
-            problems += check_instance(instance, processes)
+            # An image's server is not moved to the front end's cores (its container is
+            # the unit's whole CPU set): only a venv's is checked there.
+            planned = {**instance, "frontend_cpus": []} if module.params["containers"] else instance
+            problems += check_instance(planned, processes)
             problems += missing_preloads(instance["name"], module.params["preload"], loaded)
         report.append(
             {
