@@ -177,6 +177,19 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
     )
 
 
+def front_end_cpus(artifacts: Path) -> dict[str, list[int]]:
+    """The CPUs the threads of each instance's API server (its main process) and engine
+    core really run on, as read from /proc on the host."""
+    found = {}
+    for instance in summary(artifacts)["affinity"]:
+        for process in instance["processes"]:
+            if process["pid"] == instance["main_pid"]:
+                found["api server"] = process["thread_cpus"]
+            elif process["comm"].startswith("VLLM::EngineCor"):
+                found["engine core"] = process["thread_cpus"]
+    return found
+
+
 # Deploys that must stop before the host changes, on what the host's own plan allows:
 # (id, extra arguments, the refusal). Values refused before the topology is read are
 # test_check_play's, on a host planned from a topology file.
@@ -346,9 +359,21 @@ def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, arti
     assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-sn.service"]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
-    assert worker_cpus(artifacts) == [plan["instances"][0]["ranks"][0]["cpus"]] == [[0, 1]]
+    # The tiny model's weights fit this VM's last-level cache: one core is kept for
+    # vLLM's front end, which the unit moves there once the worker has started.
+    assert "last-level cache" in plan["reason"], plan["reason"]
+    assert worker_cpus(artifacts) == [plan["instances"][0]["ranks"][0]["cpus"]] == [[0]]
+    assert front_end_cpus(artifacts) == {"api server": [1], "engine core": [0]}
     shown = on_host(machine, "systemctl show -p CPUAffinity -p NUMAPolicy socketwise-vllm-sn")
     assert "CPUAffinity=0-1" in shown and "NUMAPolicy=bind" in shown
+    said = on_host(
+        machine, "journalctl -u socketwise-vllm-sn -o cat | grep 'socketwise:' | tail -1"
+    )
+    assert re.fullmatch(
+        r"socketwise: front end \(pid [0-9, ]+\) on CPUs \[1\]; "
+        r"engine core \(pid [0-9]+\) schedules on CPUs \[0\]",
+        said,
+    ), said
     assert summary(artifacts)["versions"]["vllm"] == "0.32.0"
     assert summary(artifacts)["front_door"]["api_key"] == "required"
 

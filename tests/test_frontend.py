@@ -17,10 +17,13 @@ pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to move pr
 FRONT, RANK = {CPUS[-1]}, {CPUS[0]}
 
 # vLLM's processes as it names them (comm keeps 15 characters): the API server starts
-# its engine core, which starts its worker a second later.
+# its engine core (a scheduler thread and a socket thread), which starts its worker a
+# second later.
 WORKER = "import sys, time; open('/proc/self/comm', 'w').write('VLLM::Worker_TP0'); time.sleep(60)"
 ENGINE = (
-    "import subprocess, sys, time; open('/proc/self/comm', 'w').write('VLLM::EngineCore'); "
+    "import subprocess, sys, threading, time; "
+    "open('/proc/self/comm', 'w').write('VLLM::EngineCore'); "
+    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "
     "time.sleep(1); subprocess.Popen([sys.executable, '-c', sys.argv[1]]); time.sleep(60)"
 )
 API = (
@@ -39,9 +42,14 @@ def server():
 
 
 def _cpus_of(main_pid: int) -> dict[str, set[int]]:
-    """Each process's comm ("api" for the main one) and the union of its threads' CPUs."""
-    processes = [p for p in map(describe, process_tree(main_pid)) if p]
-    return {"api" if p["pid"] == main_pid else p["comm"]: set(p["thread_cpus"]) for p in processes}
+    """Each process's comm ("api" for the main one) and the union of its threads' CPUs;
+    "scheduler" is the engine core's main thread's."""
+    found = {}
+    for p in filter(None, map(describe, process_tree(main_pid))):
+        found["api" if p["pid"] == main_pid else p["comm"]] = set(p["thread_cpus"])
+        if p["comm"] == "VLLM::EngineCor":
+            found["scheduler"] = set(p["cpus_allowed"])
+    return found
 
 
 def _instance() -> dict:
@@ -50,18 +58,22 @@ def _instance() -> dict:
         "ranks": [{"cpus": sorted(RANK)}],
         "cpus_allowed": CPUS,
         "frontend_cpus": sorted(FRONT),
+        "engine_cpus": sorted(RANK),
         "data_parallel": 1,
     }
 
 
-def test_the_front_end_moves_to_its_cores_and_the_engine_core_beside_its_rank(server):
+def test_the_front_end_moves_to_its_cores_and_the_scheduler_to_the_engines(server):
     said = place(server, FRONT, RANK, workers=1, timeout=20)
     cpus = _cpus_of(server)
     assert cpus["api"] == FRONT
-    assert cpus["VLLM::EngineCor"] == RANK
+    # The engine core's scheduler on the engine's CPUs, its other threads with the front end.
+    assert cpus["scheduler"] == RANK
+    assert cpus["VLLM::EngineCor"] == FRONT | RANK
     # The worker keeps the unit's CPUs: vLLM's OpenMP binds it within them.
     assert cpus["VLLM::Worker_TP"] == set(CPUS)
-    assert f"on CPUs {sorted(FRONT)}" in said and "engine core (pid" in said
+    assert f"on CPUs {sorted(FRONT)}" in said and f"(pid {server}" in said
+    assert f"schedules on CPUs {sorted(RANK)}" in said
     processes = [p for p in map(describe, process_tree(server)) if p]
     assert not [
         x for x in check_instance(_instance(), processes) if "front end" in x or "engine core" in x

@@ -235,6 +235,30 @@ def test_two_core_lab_host_runs_all_three_layouts_with_no_reserve():
     assert binds(plan(lab, PlanRequest(layout="dp", dp_mode="vllm"))) == ["0|1"]
 
 
+def _with_llc(host: dict, llc_kb: int) -> dict:
+    return {**host, "nodes": [{**n, "llc_kb": llc_kb} for n in host["nodes"]]}
+
+
+def test_sn_keeps_a_front_end_core_on_a_small_node_whose_cache_holds_the_weights():
+    lab = _with_llc(two_core_lab_host(), 32768)
+    tiny = plan(lab, PlanRequest(layout="sn", model_gb=0.007))
+    assert binds(tiny) == ["0"]
+    assert tiny["instances"][0]["frontend_cpus"] == [1]
+    assert "7 MB of weights fit in the node's 32 MB last-level cache" in tiny["reason"]
+    # Weights no cache holds: decode wants both cores' memory bandwidth.
+    assert binds(plan(lab, PlanRequest(layout="sn", model_gb=1.0))) == ["0,1"]
+    # A given reserve stands; DP-2 stays possible; an unknown cache keeps the rule.
+    assert binds(plan(lab, PlanRequest(layout="sn", model_gb=0.007, reserve_cores=0))) == ["0,1"]
+    assert binds(plan(lab, PlanRequest(layout="dp", model_gb=0.007))) == ["0", "1"]
+    assert binds(plan(two_core_lab_host(), PlanRequest(layout="sn", model_gb=0.007))) == ["0,1"]
+
+
+def test_a_node_of_four_or_more_cores_keeps_the_rules_reserve_whatever_its_cache(topo):
+    facts = _with_llc(topo("vm"), 2**20)
+    ruled = plan(topo("vm"), PlanRequest(layout="sn", model_gb=0.007))
+    assert binds(plan(facts, PlanRequest(layout="sn", model_gb=0.007))) == binds(ruled)
+
+
 @pytest.mark.parametrize(
     ("model_gb", "concurrency", "crossover", "layout", "words"),
     [

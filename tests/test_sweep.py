@@ -64,6 +64,22 @@ def test_bench_results_become_contract_rows(tmp_path):
     assert read[1]["tpot_p50_ms"] == "8.44"  # the report's decode rate, not ITL's ~0
 
 
+def test_a_step_whose_tokens_came_in_one_chunk_has_no_tpot(tmp_path):
+    """0.07 ms a token is no decoder's pace: the server sent each answer whole, and a
+    ratio against it would make a streaming server look 20 times slower."""
+    for name, tpot in (("c1", 1.24), ("c4", 0.07)):
+        (tmp_path / name).mkdir()
+        step = {"name": name, "started": tpot, "concurrency": int(name[1])}
+        (tmp_path / name / "step.json").write_text(json.dumps(step))
+        bench = {
+            "output_throughput": 1000.0, "median_ttft_ms": 60.0, "p99_ttft_ms": 90.0,
+            "median_itl_ms": 0.0, "p99_itl_ms": 30.0, "completed": 100, "median_tpot_ms": tpot,
+        }  # fmt: skip
+        (tmp_path / name / "bench.json").write_text(json.dumps(bench))
+    rows = summary_rows("lab1", "sn", tmp_path)
+    assert [(r["concurrency"], r["tpot_p50_ms"]) for r in rows] == [(4, None), (1, 1.24)]
+
+
 def test_a_failed_step_says_why_not_only_that_items_failed():
     item = {
         "event": "runner_item_on_failed",

@@ -239,6 +239,7 @@ def test_kernel_without_numa_gets_one_synthesized_node(machine_root):
                 "2048kB": {"total": 0, "free": 0},
                 "1048576kB": {"total": 0, "free": 0},
             },
+            "llc_kb": None,
         }
     ]
     assert topology["sockets"] == [{"id": 0, "nodes": [0], "cores": 8}]
@@ -401,3 +402,32 @@ def test_live_host_agrees_with_lscpu():
     assert topology["cpu"]["model_name"] == fields["Model name"]
     lscpu_flags = set(fields.get("Flags", "").split())
     assert topology["isa"] == {flag: flag in lscpu_flags for flag in topology["isa"]}
+
+
+def _caches(root, cpus: list[int], shared_l3: str, l3_kb: int) -> None:
+    """sysfs's cache directories for CPUS: L1 data and instruction, and an L3 of L3_KB
+    shared by SHARED_L3 (as the kernel writes them)."""
+    for cpu in cpus:
+        base = root / f"sys/devices/system/cpu/cpu{cpu}/cache"
+        for index, (level, kind, size, shared) in enumerate(
+            [(1, "Data", "48K", str(cpu)), (1, "Instruction", "32K", str(cpu)),
+             (3, "Unified", f"{l3_kb}K", shared_l3)]
+        ):  # fmt: skip
+            directory = base / f"index{index}"
+            directory.mkdir(parents=True, exist_ok=True)
+            for name, value in (("level", level), ("type", kind), ("size", size),
+                                ("shared_cpu_list", shared)):  # fmt: skip
+                (directory / name).write_text(f"{value}\n")
+
+
+def test_each_node_reports_the_last_level_cache_its_cpus_share(machine_root):
+    root = machine_root("r730")
+    for first in (0, 1):
+        socket = list(range(first, 56, 2))
+        _caches(root, socket, format_cpulist(socket), 35840)
+    topology = detect(root)
+    assert [n["llc_kb"] for n in topology["nodes"]] == [35840, 35840]
+
+
+def test_a_tree_without_cache_directories_reports_the_cache_unknown(machine_root):
+    assert {n["llc_kb"] for n in detect(machine_root("vm"))["nodes"]} == {None}

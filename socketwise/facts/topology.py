@@ -92,6 +92,9 @@ class Node(TypedDict):
     memory_mb: int
     distances: list[int]
     hugepages: dict[str, HugePages]
+    # The last-level caches the node's CPUs share, in KiB (each counted once); None where
+    # sysfs does not describe the caches.
+    llc_kb: int | None
 
 
 class Gpu(TypedDict):
@@ -183,6 +186,10 @@ def detect(root: str | Path = "/", nvidia_smi: dict[str, str] | None = None) -> 
     package, core_of = _read_cpus(cpu_dir, online)
     memory_mb = _parse(proc_dir / "meminfo", _parse_mem_total_mb)
     nodes = _read_nodes(sys_dir, online, package, core_of, memory_mb)
+    caches = _read_last_level_caches(cpu_dir, online)
+    for node in nodes:
+        reached = [kb for cpus, kb in caches.items() if cpus & set(node["cpus"])]
+        node["llc_kb"] = sum(reached) if reached else None
     if nvidia_smi is None:
         nvidia_smi = _captured_nvidia_smi(Path(root))
     return {
@@ -340,6 +347,29 @@ def _read_cpus(
     return package, core_of
 
 
+def _read_last_level_caches(cpu_dir: Path, online: list[int]) -> dict[frozenset[int], int]:
+    """Each last-level cache (its CPUs -> its KiB): the highest-level data or unified cache
+    sysfs lists for each online CPU; empty where sysfs lists none."""
+    caches: dict[frozenset[int], int] = {}
+    for cpu in online:
+        best: tuple[int, frozenset[int], int] | None = None
+        for index in sorted((cpu_dir / f"cpu{cpu}/cache").glob("index*")):
+            try:
+                if (index / "type").read_text().strip() == "Instruction":
+                    continue
+                level = int((index / "level").read_text())
+                # The kernel writes the size in KiB: "32768K".
+                kb = int((index / "size").read_text().strip().removesuffix("K"))
+                shared = frozenset(parse_cpulist((index / "shared_cpu_list").read_text()))
+            except (OSError, ValueError):
+                continue
+            if kb > 0 and (best is None or level > best[0]):
+                best = (level, shared, kb)
+        if best is not None:
+            caches[best[1]] = best[2]
+    return caches
+
+
 def _read_nodes(
     sys_dir: Path,
     online: list[int],
@@ -398,6 +428,7 @@ def _node(
         "memory_mb": memory_mb,
         "distances": distances,
         "hugepages": hugepages,
+        "llc_kb": None,
     }
 
 

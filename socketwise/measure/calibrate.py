@@ -181,8 +181,9 @@ def ratio(mine: float, plain: float, more_is_better: bool) -> float | None:
     """How much better than plain vLLM: above 1 is better, whichever way the metric runs.
 
     None where the figure tells nothing: plain vLLM's throughput is 0, or a latency is 0
-    on either side (a small model's whole answer can arrive in its first chunk, leaving a
-    TPOT p50 of 0). A throughput of 0 of the variant's own is its worst: 0.
+    or missing on either side (a TPOT p50 where a request's tokens came in one chunk is
+    missing: sweep.ONE_CHUNK_TPOT_MS). A throughput of 0 of the variant's own is its
+    worst: 0.
     """
     if more_is_better:
         return round(mine / plain, 3) if plain else None

@@ -67,6 +67,10 @@ LAYOUTS = {
 # Requests the first step after each deploy sends before it measures (vLLM's benchmark
 # leaves them out of its figures).
 WARMUP_REQUESTS = 4
+# A TPOT p50 below this is no decoder's pace (10,000 tokens a second a request): the
+# server sent a request's tokens in one chunk, as vLLM does when its front end falls
+# behind the engine, and time per token cannot be read from the stream.
+ONE_CHUNK_TPOT_MS = 0.1
 
 
 class SweepError(RuntimeError):
@@ -261,6 +265,7 @@ def summary_rows(host: str, layout: str, results: Path) -> list[dict]:
                 "failed": bench.get("failed", 0),
                 "tpot_p50_ms": None
                 if bench.get("median_tpot_ms") is None
+                or bench["median_tpot_ms"] < ONE_CHUNK_TPOT_MS
                 else round(bench["median_tpot_ms"], 2),
             }
         )

@@ -144,6 +144,7 @@ def _host_request(
     return PlanRequest(
         layout=layout, ranks=ranks, model_gb=weights_gb, reserve_cores=request.reserve_cores,
         kv_gb=request.kv_gb, port=request.port, build_class=request.build_class,
+        own_front_end=False,
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ class Node:
     gb: float
     cores: list[list[int]]  # online logical CPUs of each physical core
     distances: dict[int, int]  # node id -> NUMA distance from this node
+    llc_kb: int | None = None  # the last-level caches its CPUs reach; None: unknown
 
 
 def default_reserve_cores(core_count: int) -> int:
@@ -120,6 +121,9 @@ def _check_node(where: str, node: object) -> None:
     distances = node.get("distances", [])
     if not isinstance(distances, list) or not all(_number(d) for d in distances):
         raise malformed(f"{where}.distances", "must be a list of numbers")
+    llc = node.get("llc_kb")
+    if llc is not None and not (_whole(llc) and llc > 0):
+        raise malformed(f"{where}.llc_kb", f"is {_shown(llc)}, not a size in KiB > 0 or null")
 
 
 def check_topology(topo: object) -> None:
@@ -174,6 +178,7 @@ def cpu_nodes(topo: dict) -> list[Node]:
             [list(c) for c in n["cores"]],
             # A node's row of the distance matrix, in node id order.
             dict(zip(ids, n.get("distances", []), strict=False)),
+            n.get("llc_kb"),
         )
         for n in topo["nodes"]
     ]

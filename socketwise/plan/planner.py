@@ -74,6 +74,9 @@ class PlanRequest:
     # What a calibration measured for this class, model and build and the deploy kept
     # (calibrated.vet): planner names (reserve_cores, crossover, dtype) and `source`.
     measured: dict | None = None
+    # The plan's instance is a unit of its own with vLLM's front end (False for a
+    # cluster's pipeline stage): SN may keep a core for that front end on a small node.
+    own_front_end: bool = True
 
     @classmethod
     def from_values(cls, **values: object) -> PlanRequest:
@@ -261,6 +264,26 @@ def _measured_clauses(request: PlanRequest, build_of_host: dict) -> tuple[str, d
     return clause, build_of_host
 
 
+def _cached_weights_clause(nodes: list[Node], request: PlanRequest) -> str:
+    """The rule keeps no core on nodes of 2-3 (default_reserve_cores): decode of weights no
+    cache holds is bound by memory bandwidth, and one core draws less of it than two.
+    Weights that every node's last-level cache holds are not, and there SN serves better
+    with a core kept for vLLM's front end, as vLLM's own binding keeps one (measured on a
+    2-core node: docs/measurements.md). The reason's clause where that applies, else ''.
+    A given or measured reserve stands."""
+    if request.reserve_cores is not None or not request.model_gb or not request.own_front_end:
+        return ""
+    weights_kb = request.model_gb * 2**20
+    if not all(2 <= len(n.cores) < 4 and n.llc_kb and weights_kb <= n.llc_kb for n in nodes):
+        return ""
+    llc = min(n.llc_kb or 0 for n in nodes) / 1024
+    return (
+        f"; 1 core of each serving node kept for the front end and the OS: the model's "
+        f"{request.model_gb * 1024:.0f} MB of weights fit in the node's {llc:.0f} MB "
+        "last-level cache, so a second core would add no memory bandwidth decode needs"
+    )
+
+
 def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, str]:
     """Resolve `auto` into (layout, ranks, reason)."""
     size = f"model {request.model_gb:g} GB"
@@ -371,6 +394,10 @@ def plan(topo: dict, request: PlanRequest) -> dict:
 
         return plan_gpus(topo, nodes, request, build_of_host)
     layout, ranks, reason = _decide(nodes, request)
+    cached = _cached_weights_clause(nodes, request) if layout == "sn" else ""
+    if cached:
+        request = replace(request, reserve_cores=1)
+        reason += cached
     if layout != "sn" and _measured_source(request, "reserve_cores"):
         # A calibration measures the front end's cores on SN alone: DP and TP keep the
         # rule's, so DP-2 stays possible on a node too small for it with SN's reserve.
@@ -423,13 +450,12 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     reserved = {use["node"]: use["reserved_cpus"] for use in node_uses}
     for instance in instances:
         # The whole service may run on its ranks' CPUs and its nodes' reserved ones; vLLM
-        # pins each worker's threads to its rank's CPUs, and the unit then moves the API
-        # server to the reserved ones (`frontend_cpus`) and the engine core beside its
-        # first rank (socketwise.serve.frontend).
+        # pins each worker's threads to its rank's CPUs, and the unit then places the API
+        # server and the engine core's scheduler (socketwise.serve.frontend).
         threads = {cpu for rank in instance["ranks"] for cpu in rank["cpus"]}
         front = {cpu for node in instance["membind"] for cpu in reserved[node]}
         instance["cpus_allowed"] = sorted(threads | front)
-        instance["frontend_cpus"] = sorted(front)
+        instance["frontend_cpus"], instance["engine_cpus"] = _front_end(instance, nodes, front)
     placement = (layout, dp_mode, reason, instances, node_uses)
     return finish_plan(topo, request, build_of_host, *placement)
 
@@ -485,6 +511,28 @@ def build_device(topo: dict, instances: list[dict]) -> str:
     used = {pci for instance in instances for pci in instance.get("gpus", [])}
     vendors = sorted({g.get("vendor") for g in topo.get("gpus", []) if g["pci"] in used})
     return GPU_BUILDS.get(vendors[0], "cpu") if vendors else "cpu"
+
+
+def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list[int], list[int]]:
+    """Where the unit puts vLLM's API server (with the engine core's socket threads) and the
+    engine core's scheduler thread: ([], []) where no core is kept (both stay on
+    `cpus_allowed`). The scheduler runs beside each step of the workers and the API server
+    beside each token, so each gets a core of its own where the first rank's node keeps
+    two or more: the last of them is the scheduler's. Where it keeps one, the scheduler
+    goes beside the first rank: with the API server it left the server too little CPU at
+    concurrency 4 (tokens sent in one chunk, half the throughput), beside the worker it
+    cost about a fifth at concurrency 1 (docs/measurements.md). vLLM's own DP (several
+    engine cores in one unit) leaves the engine cores where they are."""
+    if not front:
+        return [], []
+    if instance["data_parallel"] > 1:
+        return sorted(front), []
+    first = instance["ranks"][0]
+    node = next(n for n in nodes if n.id == first["node"])
+    kept = [core for core in node.cores if core[0] in front]
+    if len(kept) >= 2:
+        return sorted(front - set(kept[-1])), sorted(kept[-1])
+    return sorted(front), sorted(first["cpus"])
 
 
 def node_use(node: Node, placed: list[dict]) -> dict:

@@ -9,13 +9,14 @@ vLLM pins only its workers' threads (VLLM_CPU_OMP_THREADS_BIND). Its API server 
 engine core (the scheduler) are left on every CPU of the unit, so the kernel may run
 them beside a worker's threads, or crowd them onto one core with whatever else the host
 runs; the same load then gives one throughput or half of it (docs/measurements.md).
-This waits until the instance has started its `--workers` workers (they take the unit's
-whole CPU set when they start, and OpenMP binds them within it), then moves every
-thread of the API server and its other processes to the `--frontend` CPUs, and every
-thread of the engine core to the `--engine` CPUs (its first rank's, where it waits on its
-workers), or leaves the engine core where it is without `--engine`. Threads made later
-take their maker's CPUs. Never fails the unit: a worker that does not come within
-`--timeout` seconds, or a process gone meanwhile, is one line in the journal.
+This waits until the instance has started its `--workers` workers (they start on their
+parent's CPUs, and each worker's OpenMP binds from there), then moves every thread of
+the API server and its other processes, and the engine core's socket threads, to the
+`--frontend` CPUs, and the engine core's main thread (its scheduler loop) to the
+`--engine` CPUs (the plan's `engine_cpus`); without `--engine` the engine core stays
+where it is. Threads made later take their maker's CPUs. Never fails the unit: a worker
+that does not come within `--timeout` seconds, or a process gone meanwhile, is one line
+in the journal.
 """
 
 from __future__ import annotations
@@ -64,11 +65,13 @@ def tree(main_pid: int, proc: Path = Path("/proc")) -> list[tuple[int, str]]:
     return found
 
 
-def pin(pid: int, cpus: set[int], proc: Path = Path("/proc")) -> None:
-    """Every thread of PID to CPUS (a thread gone meanwhile is skipped)."""
+def pin(pid: int, cpus: set[int], main: set[int] | None = None, proc: Path = Path("/proc")) -> None:
+    """Every thread of PID to CPUS, its main thread to MAIN where given (a thread gone
+    meanwhile is skipped)."""
     for task in (proc / str(pid) / "task").iterdir():
+        tid = int(task.name)
         try:
-            os.sched_setaffinity(int(task.name), cpus)
+            os.sched_setaffinity(tid, main if main is not None and tid == pid else cpus)
         except (ProcessLookupError, FileNotFoundError):
             continue
 
@@ -97,7 +100,7 @@ def place(
             continue
         if comm.startswith(ENGINE_PREFIX):
             if engine is not None:
-                pin(pid, engine)
+                pin(pid, frontend, main=engine)
                 placed["engine core"].append(pid)
             continue
         pin(pid, frontend)
@@ -105,7 +108,7 @@ def place(
     said = f"front end (pid {', '.join(map(str, placed['front end']))}) on CPUs {sorted(frontend)}"
     if placed["engine core"]:
         pids = ", ".join(map(str, placed["engine core"]))
-        said += f"; engine core (pid {pids}) on CPUs {sorted(engine or ())}"
+        said += f"; engine core (pid {pids}) schedules on CPUs {sorted(engine or ())}"
     return said
 
 
@@ -115,7 +118,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--frontend", type=cpu_list, required=True, help="the front end's CPUs")
     parser.add_argument("--engine", type=cpu_list, help="the engine core's CPUs")
     parser.add_argument("--workers", type=int, default=1, help="workers to wait for")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for them")
+    # systemd's start timeout (90 s by default) covers ExecStartPost: the unit would fail.
+    parser.add_argument("--timeout", type=float, default=75.0, help="seconds to wait for them")
     args = parser.parse_args(argv)
     try:
         said = place(args.pid, args.frontend, args.engine, args.workers, args.timeout)

@@ -133,22 +133,27 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
 
 def _front_end_problems(instance: dict, processes: list[dict]) -> list[str]:
     """Where the plan keeps CPUs for the front end (`frontend_cpus`), the API server's
-    threads and its other processes' run on them, and an engine core's beside its first
-    rank (frontend.py placed them when the unit started)."""
+    threads and its other processes' run on them, and an engine core's main thread on
+    `engine_cpus` (frontend.py placed them when the unit started)."""
     frontend = sorted(instance.get("frontend_cpus") or [])
+    engine = sorted(instance.get("engine_cpus") or [])
     if not frontend:
         return []
-    engine = sorted(instance["ranks"][0]["cpus"]) if instance.get("data_parallel", 1) == 1 else None
     problems = []
     for process in processes:
         if process["comm"].startswith(WORKER_PREFIX):
             continue
-        is_engine = process["comm"].startswith(ENGINE_PREFIX)
-        want, role = (engine, "engine core") if is_engine else (frontend, "front end")
-        if want is not None and process["thread_cpus"] != want:
+        if process["comm"].startswith(ENGINE_PREFIX):
+            if engine and process["cpus_allowed"] != engine:
+                problems.append(
+                    f"{instance['name']}: engine core process {process['pid']} "
+                    f"({process['title']}) schedules on CPUs {process['cpus_allowed']}, "
+                    f"planned {engine}"
+                )
+        elif process["thread_cpus"] != frontend:
             problems.append(
-                f"{instance['name']}: {role} process {process['pid']} ({process['title']}) "
-                f"runs on CPUs {process['thread_cpus']}, planned {want}"
+                f"{instance['name']}: front end process {process['pid']} ({process['title']}) "
+                f"runs on CPUs {process['thread_cpus']}, planned {frontend}"
             )
     return problems
 
