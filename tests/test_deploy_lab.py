@@ -178,15 +178,16 @@ def worker_cpus(artifacts: Path) -> list[list[int]]:
 
 
 def front_end_cpus(artifacts: Path) -> dict[str, list[int]]:
-    """The CPUs the threads of each instance's API server (its main process) and engine
-    core really run on, as read from /proc on the host."""
+    """The CPUs the threads of the API server (the unit's main process) and the engine
+    core's scheduler thread really run on, as read from /proc on the host."""
     found = {}
     for instance in summary(artifacts)["affinity"]:
         for process in instance["processes"]:
             if process["pid"] == instance["main_pid"]:
                 found["api server"] = process["thread_cpus"]
             elif process["comm"].startswith("VLLM::EngineCor"):
-                found["engine core"] = process["thread_cpus"]
+                # Its scheduler, the main thread: its socket threads join the API server.
+                found["engine core"] = process["cpus_allowed"]
     return found
 
 

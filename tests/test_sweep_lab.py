@@ -187,6 +187,15 @@ def _workers(deployed: dict) -> list[list[int]]:
     return [p["thread_cpus"] for p in instance["processes"] if p["comm"].startswith("VLLM::Worker")]
 
 
+def _front_end(deployed: dict) -> tuple[list[int], list[int]]:
+    """The CPUs of the API server's threads, and those the engine core's scheduler (its
+    main thread) may run on."""
+    (instance,) = deployed["affinity"]
+    api = next(p for p in instance["processes"] if p["pid"] == instance["main_pid"])
+    engine = next(p for p in instance["processes"] if p["comm"].startswith("VLLM::EngineCor"))
+    return api["thread_cpus"], engine["cpus_allowed"]
+
+
 def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(run_dir):
     plain = _deployed(run_dir, "baseline")
     assert plain["placement"] == "vllm" and plain["completions"]
@@ -205,6 +214,14 @@ def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(ru
         assert _workers(kit) == [sorted(rank["cpus"])]
         assert plain_worker and (plain_worker == sorted(rank["cpus"])) == (kept == 1)
         assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])
+        # Plain vLLM leaves its API server and engine core to the kernel; the kit moves
+        # them to the core it keeps (the scheduler beside the worker), or leaves them
+        # where it keeps none.
+        planned = kit["plan"]["instances"][0]
+        placed = (planned["frontend_cpus"], planned["engine_cpus"])
+        assert placed == (([1], [0]) if kept else ([], []))
+        assert _front_end(kit) == (placed if kept else ([0, 1], [0, 1]))
+    assert _front_end(plain) == ([0, 1], [0, 1])
 
 
 def test_every_layout_is_measured_warm(run_dir):

@@ -1,7 +1,7 @@
 """Keep vLLM's front end on the cores the plan keeps for it (stdlib only).
 
 Shipped by the vllm_service role and run by each placed instance's unit once it has
-started (ExecStartPost), as the service's own user:
+started (ExecStartPost, in the background), as the service's own user:
 
     python3 place-frontend.py --pid MAINPID --frontend 1 [--engine 0] --workers 1
 
@@ -118,8 +118,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--frontend", type=cpu_list, required=True, help="the front end's CPUs")
     parser.add_argument("--engine", type=cpu_list, help="the engine core's CPUs")
     parser.add_argument("--workers", type=int, default=1, help="workers to wait for")
-    # systemd's start timeout (90 s by default) covers ExecStartPost: the unit would fail.
-    parser.add_argument("--timeout", type=float, default=75.0, help="seconds to wait for them")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for them")
     args = parser.parse_args(argv)
     try:
         said = place(args.pid, args.frontend, args.engine, args.workers, args.timeout)
