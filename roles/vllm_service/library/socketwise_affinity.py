@@ -12,7 +12,8 @@ description:
   - Each planned rank must be served by one C(VLLM::Worker*) process whose threads run
     on exactly the rank's CPUs; no process of the unit may run outside C(cpus_allowed).
   - Where the plan keeps cores for the front end (C(frontend_cpus)), a venv's API server
-    and its other processes must run on them, and its engine core on its first rank's CPUs.
+    and its other processes must run on them, and its engine core's scheduler (its main
+    thread) on C(engine_cpus).
   - Reads the shared libraries the unit's processes map (C(/proc/PID/maps)) to say
     which vLLM platform (C(ZenCpuPlatform) when zentorch is loaded, else C(CpuPlatform)),
     which kernel library (C(_C), C(_C_AVX512), C(_C_AVX2)) and which preloads really run.
