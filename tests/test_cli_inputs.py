@@ -233,3 +233,19 @@ def test_sweep_flags_no_run_can_use_are_refused_before_anything_runs(tmp_path, f
     code, _, err = cli("sweep", "--run-dir", str(tmp_path / "run"), *flags)
     assert code == 2 and words in err and err.count("\n") == 1, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [None, "socketwise_loadgen:\n  hosts:\n    gen1: {ansible_host: 127.0.0.99}\n"],
+    ids=["no hosts file", "only load generators"],
+)
+def test_a_sweep_of_an_inventory_with_no_host_to_measure_is_refused_in_one_line(tmp_path, hosts):
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "group_vars" / "lab.yml").write_text("---\nplan_kv_gb: 1\n")
+    if hosts:
+        (inventory / "hosts.yml").write_text(hosts)
+    code, _, err = cli("sweep", "-i", str(inventory), "--run-dir", str(tmp_path / "run"))
+    assert code == 2 and f"{inventory}: no host to measure" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()

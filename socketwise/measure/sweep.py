@@ -312,7 +312,13 @@ class Sweep:
         self.power: list[dict] = []
         self.flat_out: dict[str, float] = {}
         # Progress counts steps on every served host; the ETA moves with each one.
-        self.hosts = 1 if limit else max(1, len(served_hosts(inventory)))
+        served = [] if limit else served_hosts(inventory)
+        if not limit and not served:
+            raise SweepError(
+                f"{inventory}: no host to measure (none listed, or all in group "
+                f"{LOADGEN_GROUP}): give the inventory that lists the hosts to sweep"
+            )
+        self.hosts = 1 if limit else len(served)
         self.started, self.steps_done = time.monotonic(), 0
         self.steps_planned = planned_steps * self.hosts
 
@@ -521,10 +527,10 @@ def sweep(
     if mode not in ("fixed", "adaptive"):
         raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
     check_tool(tool)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = base_manifest(inventory, layouts, mode, profile, tool)
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
     experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts), tool)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = base_manifest(inventory, layouts, mode, profile, tool)
     if mode == "fixed":
         manifest["calibration"] = run_fixed(experiment, layouts)
     else:
