@@ -585,9 +585,14 @@ def test_report_html_renders_its_plots_in_headless_chromium(r730, tmp_path):
     assert_renders(page, tmp_path, min_images=8)
 
 
-def assert_renders(page: Path, tmp_path: Path, min_images: int) -> None:
+SN_BLUE, DP_GREEN = (0x1F, 0x77, 0xB4), (0x2C, 0xA0, 0x2C)
+
+
+def assert_renders(
+    page: Path, tmp_path: Path, min_images: int, colours: tuple = (SN_BLUE, DP_GREEN)
+) -> None:
     """Headless Chromium loads every plot of `page` as a real PNG, and the screenshot
-    shows the SN and DP curves."""
+    shows the curves of `colours` (the SN and DP curves unless told)."""
     import matplotlib.image
     import numpy
 
@@ -608,6 +613,6 @@ def assert_renders(page: Path, tmp_path: Path, min_images: int) -> None:
     assert pixels.std() > 0.05, "the screenshot is blank"
     # The plots draw SN in #1f77b4 and DP in #2ca02c; nothing else on the page has these
     # colours, so finding them proves that images rendered, not just text and alt text.
-    for colour in ((0x1F, 0x77, 0xB4), (0x2C, 0xA0, 0x2C)):
+    for colour in colours:
         close = numpy.abs(pixels * 255 - numpy.array(colour)).max(axis=-1) < 12
         assert close.sum() > 500, f"no plot pixels of colour {colour} in the screenshot"

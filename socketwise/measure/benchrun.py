@@ -370,12 +370,19 @@ class Monitor:
 
 def surroundings(out: Path, since: float) -> None:
     """The servers' journal for the run window and where their memory and threads sit."""
-    journal = subprocess.run(
-        ["journalctl", "-u", "socketwise-*", "--since", f"@{int(since)}", "--no-pager",
-         "-o", "short-iso"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    (out / "journal.txt").write_text(journal.stdout)
+    # The run's own monitor unit logged in the window, so an empty answer is journalctl
+    # failing (once seen on a lab machine): asked again, and its words kept if it fails.
+    for attempt in range(3):
+        journal = subprocess.run(
+            ["journalctl", "-u", "socketwise-*", "--since", f"@{int(since)}", "--no-pager",
+             "-o", "short-iso"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if journal.returncode == 0 and journal.stdout.strip():
+            break
+        time.sleep(1 + attempt)
+    failed = not journal.stdout.strip() and journal.stderr.strip()
+    (out / "journal.txt").write_text(f"journalctl: {journal.stderr}" if failed else journal.stdout)
     units = subprocess.run(
         ["systemctl", "list-units", "--plain", "--no-legend", "socketwise-vllm-*"],
         capture_output=True, text=True, check=False,
