@@ -372,15 +372,15 @@ def surroundings(out: Path, since: float) -> None:
     """The servers' journal for the run window and where their memory and threads sit."""
     # The run's own monitor unit logged in the window, so an empty answer is journalctl
     # failing (once seen on a lab machine): asked again, and its words kept if it fails.
-    for attempt in range(3):
+    for pause in (1, 2, None):
         journal = subprocess.run(
             ["journalctl", "-u", "socketwise-*", "--since", f"@{int(since)}", "--no-pager",
              "-o", "short-iso"],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
-        if journal.returncode == 0 and journal.stdout.strip():
+        if (journal.returncode == 0 and journal.stdout.strip()) or pause is None:
             break
-        time.sleep(1 + attempt)
+        time.sleep(pause)
     failed = not journal.stdout.strip() and journal.stderr.strip()
     (out / "journal.txt").write_text(f"journalctl: {journal.stderr}" if failed else journal.stdout)
     units = subprocess.run(

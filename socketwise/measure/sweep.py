@@ -312,13 +312,12 @@ class Sweep:
         self.power: list[dict] = []
         self.flat_out: dict[str, float] = {}
         # Progress counts steps on every served host; the ETA moves with each one.
-        served = [] if limit else served_hosts(inventory)
-        if not limit and not served:
+        self.hosts = 1 if limit else len(served_hosts(inventory))
+        if not self.hosts:
             raise SweepError(
                 f"{inventory}: no host to measure (none listed, or all in group "
                 f"{LOADGEN_GROUP}): give the inventory that lists the hosts to sweep"
             )
-        self.hosts = 1 if limit else len(served)
         self.started, self.steps_done = time.monotonic(), 0
         self.steps_planned = planned_steps * self.hosts
 
