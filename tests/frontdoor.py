@@ -95,6 +95,26 @@ def completion_tokens(address: str, port: int, key: str, tls: bool = False) -> i
     return json.loads(body)["usage"]["completion_tokens"]
 
 
+def streamed_reads(address: str, port: int, key: str, tokens: int = 128) -> tuple[int, int]:
+    """(reads, events): a streamed completion of TOKENS tokens read off the socket as a
+    client reads it, how many reads brought token events and how many events came. Sent
+    as they are made, the tokens come in many reads; held back, in one or two."""
+    body = json.dumps({**COMPLETION, "max_tokens": tokens, "ignore_eos": True, "stream": True})
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n\r\n{body}"
+    )
+    reads = events = 0
+    with socket.create_connection((address, port), timeout=60) as connection:
+        connection.sendall(request.encode())
+        while data := connection.recv(65536):
+            found = data.count(b'data: {"')
+            reads += found > 0
+            events += found
+    return reads, events
+
+
 def answers(address: str, port: int) -> bool:
     """Whether anything accepts a TCP connection there."""
     try:

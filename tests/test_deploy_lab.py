@@ -360,6 +360,10 @@ def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, arti
     assert units(machine) == ["socketwise-lb.service", "socketwise-vllm-sn.service"]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
+    # Through the front door a streamed completion comes token by token, as vLLM sends it
+    # (held back by the door, all 128 tokens came in one read, the first 175 ms late).
+    reads, events = frontdoor.streamed_reads(ADDRESS, 8000, key)
+    assert events >= 120 and reads >= 16, (reads, events)
     # The tiny model's weights fit this VM's last-level cache: one core is kept for
     # vLLM's front end, which the unit moves there once the worker has started.
     assert "last-level cache" in plan["reason"], plan["reason"]
