@@ -68,8 +68,8 @@ LAYOUTS = {
 # leaves them out of its figures).
 WARMUP_REQUESTS = 4
 # A TPOT p50 below this is no decoder's pace (10,000 tokens a second a request): the
-# server sent a request's tokens in one chunk, as vLLM does when its front end falls
-# behind the engine, and time per token cannot be read from the stream.
+# request's tokens reached the client in one chunk (something on the way held them back,
+# as the front door did before it set http-no-delay), and time per token cannot be read.
 ONE_CHUNK_TPOT_MS = 0.1
 
 
