@@ -68,8 +68,8 @@ LAYOUTS = {
 # leaves them out of its figures).
 WARMUP_REQUESTS = 4
 # A TPOT p50 below this is no decoder's pace (10,000 tokens a second a request): the
-# request's tokens reached the client in one chunk (something on the way held them back,
-# as the front door did before it set http-no-delay), and time per token cannot be read.
+# request's tokens reached the client in one chunk, as they do when vLLM's front end falls
+# behind the engine (or a proxy holds them back), and time per token cannot be read.
 ONE_CHUNK_TPOT_MS = 0.1
 
 
