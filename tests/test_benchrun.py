@@ -4,6 +4,7 @@ cuts its timeline into steps."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from socketwise.lab import machines as lab
-from socketwise.measure import benchrun, sweep
+from socketwise.measure import benchrun, guidellm_sse, sweep
 from tests.shipped import host_python, ship
 from tests.test_power import burn, two_sockets
 
@@ -44,7 +45,7 @@ def option(args: list[str], name: str) -> str:
 def test_guidellm_gets_the_step_s_load_shape(tmp_path, load, profile):
     step = {"name": "s", "num_prompts": 20, "input_len": 256, "output_len": 128, **load}
     args = benchrun.guidellm_args(SPEC, step, tmp_path, benchrun.Auth(SPEC, tmp_path))
-    assert args[:4] == [SPEC["python"], "-m", "guidellm", "run"]
+    assert args[:4] == [SPEC["python"], "-m", "socketwise.measure.guidellm_sse", "run"]
     assert option(args, "--profile") == profile
     assert option(args, "--constraint") == "kind=max_requests,count=20"
     assert option(args, "--data") == "kind=synthetic_text,prompt_tokens=256,output_tokens=128"
@@ -139,6 +140,26 @@ def test_the_reasons_guidellm_gave_for_failed_requests_are_kept(tmp_path):
     shutil.copy(FIXTURES / "concurrent-2.json", tmp_path / "guidellm.json")
     benchrun.guidellm_result(tmp_path, {"name": "c2", "concurrency": 2})
     assert "failure_reasons" not in json.loads((tmp_path / "bench.json").read_text())
+
+
+@pytest.mark.parametrize("piece", [1, 5, 64, 10_000])
+def test_guidellm_reads_every_event_whole_when_its_text_holds_a_unicode_line_break(piece):
+    # vLLM writes these unescaped inside an event's JSON; GuideLLM's own reader (httpx's
+    # aiter_lines) ended a line at each and failed the request on half an event.
+    events = [
+        json.dumps({"choices": [{"text": text}]}, ensure_ascii=False)
+        for text in ("a\x85b", "\u2028", "c\u2029d\x0b")
+    ]
+    stream = "".join(f"data: {event}\r\n\r\n" for event in events) + "data: [DONE]"
+
+    async def pieces():
+        for start in range(0, len(stream), piece):
+            yield stream[start : start + piece]
+
+    async def read() -> list[str]:
+        return [line async for line in guidellm_sse.event_stream_lines(pieces())]
+
+    assert asyncio.run(read()) == [f"data: {event}" for event in events] + ["data: [DONE]"]
 
 
 def test_a_guidellm_burst_is_refused_not_reported(tmp_path):

@@ -314,10 +314,13 @@ def test_guidellm_measured_every_step_of_every_layout(machines, run_dir):
     rows = _rows(run_dir)
     assert {r["host"] for r in rows} == {machines.served.name}  # the load generator serves nothing
     steps = list((run_dir / "hosts" / SERVED).glob("*/*/*/step.json"))
-    # The message (read only on a failure): each step's reasons, as its bench.json kept them.
+    # The message (read only on a failure): each failed step's reasons, as its bench.json
+    # kept them.
+    benches = {s.parent: json.loads((s.parent / "bench.json").read_text()) for s in steps}
     assert all(r["failed"] == "0" for r in rows), {
-        str(s.parent): json.loads((s.parent / "bench.json").read_text()).get("failure_reasons")
-        for s in steps
+        str(path): bench.get("failure_reasons")
+        for path, bench in benches.items()
+        if bench["failed"]
     }
     # The first variant flat out, a c1 step per variant, per search layout c1 and flat
     # out, then the midpoint on the layouts the round measured.
@@ -350,6 +353,42 @@ def test_the_load_came_from_the_load_generator(machines, calibration):
     frozen = run_on(loadgen, "/opt/socketwise/guidellm/bin/python -m pip freeze")
     assert "torch==2.13.0+cpu" in frozen.split() and "guidellm==0.8.1" in frozen.split()
     assert not re.search(r"^nvidia-", frozen, re.MULTILINE)
+
+
+def test_guidellm_reads_a_unicode_line_break_the_model_wrote_as_text(machines, calibration):
+    # Two byte tokens of the tiny model's byte-level vocabulary, 0xC2 and 0x85, make
+    # U+0085, which vLLM writes unescaped inside an event's JSON and which GuideLLM's
+    # own reader took for a line end: the request was counted as failed. Biased towards
+    # those two tokens, the model writes the character in every completion (64 tokens of
+    # two kinds); GuideLLM runs as the kit runs it, through its runner, with its worker
+    # processes.
+    spec_file = f"/var/lib/socketwise/bench-load/{SERVED}/spec.json"
+    spec = json.loads(run_on(machines.loadgen, f"cat {spec_file}"))
+    body = {"logit_bias": {"130": 100, "231": 100}, "seed": 7}
+    scenario = {"spec": {"backend": {"api_key": api_key_path().read_text().strip(),
+                                     "extras": {"body": body}}}}  # fmt: skip
+    script = (
+        'set -eu; d=$(mktemp -d); trap \'rm -rf "$d"\' EXIT; (umask 077; cat > "$d/s.json"); '
+        'cd "$d"; PYTHONPATH=/opt/socketwise/bench HF_HUB_OFFLINE=1 '
+        "GUIDELLM__MAX_WORKER_PROCESSES=1 GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL=WARNING "
+        f"{spec['python']} -m socketwise.measure.guidellm_sse run --backend "
+        f"kind=openai_http,target={spec['base_url'].rsplit('/v1', 1)[0]},model={spec['model']},"
+        "request_format=/v1/completions --profile kind=concurrent,streams=2 "
+        "--constraint kind=max_requests,count=4 "
+        "--data kind=synthetic_text,prompt_tokens=16,output_tokens=64 "
+        f"--tokenizer kind=hf_auto,model={spec['tokenizer']} --disable-console "
+        '--config "$d/s.json" --output "kind=json,path=$d/out.json" >&2; cat "$d/out.json"'
+    )
+    done = subprocess.run(
+        lab.ssh_command(machines.loadgen, script), input=json.dumps(scenario),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (bench,) = json.loads(done.stdout)["benchmarks"]
+    requests = bench["requests"]
+    assert [r["info"].get("error") for r in requests["errored"] + requests["incomplete"]] == []
+    assert len(requests["successful"]) == 4
+    assert all("\x85" in r["output"] for r in requests["successful"])
 
 
 def test_progress_moves_with_every_step_and_gives_an_eta(calibration):

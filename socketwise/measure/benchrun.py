@@ -5,8 +5,8 @@ Shipped by the `benchmark` role and run on hosts in two roles that may be one ma
     python3 benchrun.py step SPEC.json NAME      # on the load generator, once per step
 
 runs one step with the chosen load generator (`tool`): vLLM's own serving benchmark
-(`vllm.benchmarks.serve`) or GuideLLM (`guidellm run`), each from its venv
-(`python`). It writes OUT/NAME/bench.json (the result in vLLM's field names, whichever
+(`vllm.benchmarks.serve`) or GuideLLM (`guidellm run`, through `guidellm_sse.py`), each
+from its venv (`python`). It writes OUT/NAME/bench.json (the result in vLLM's field names, whichever
 tool ran; GuideLLM's own report is kept as OUT/NAME/guidellm.json) and OUT/NAME/bench.log,
 and prints the step's record: {...step, "tool", "started", "ended", "returncode",
 "window": [start, end] of the measured load}.
@@ -156,7 +156,9 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
 def guidellm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
     """GuideLLM 0.8.1's `run` for one step, on /v1/completions so prompts are exactly
     input_len tokens (the chat template would add some); GuideLLM sends ignore_eos and
-    max_tokens itself when the data fix output_tokens.
+    max_tokens itself when the data fix output_tokens. It runs through
+    `guidellm_sse.py` beside this file, which reads the event stream's lines as the
+    standard ends them.
 
     Open loop is `constant` (evenly spaced arrivals), not `poisson`: 0.8.1's Poisson
     scheduler can release every request at once (its workers read the start offset
@@ -170,7 +172,7 @@ def guidellm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[st
     else:
         profile = f"kind=constant,rate={step['rate']}"
     return [
-        spec["python"], "-m", "guidellm", "run",
+        spec["python"], "-m", "socketwise.measure.guidellm_sse", "run",
         "--backend", f"kind=openai_http,target={spec['base_url'].rsplit('/v1', 1)[0]},"
                      f"model={spec['model']},request_format=/v1/completions",
         "--profile", profile,
@@ -186,9 +188,11 @@ def guidellm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[st
 
 
 def guidellm_env(auth: Auth) -> dict[str, str]:
-    """Quiet, offline, and one worker process per CPU this runner may use."""
+    """Quiet, offline, one worker process per CPU this runner may use, and this package
+    importable from GuideLLM's venv (its spawned workers too)."""
     return {
         **auth.environment(),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         "HF_HUB_OFFLINE": "1",
         "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING",
         "GUIDELLM__MAX_WORKER_PROCESSES": str(max(1, len(os.sched_getaffinity(0)))),
