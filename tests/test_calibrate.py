@@ -51,9 +51,42 @@ def test_the_reserve_whose_worst_figure_against_plain_vllm_is_best_wins():
     )
     # sn-k0 has the most throughput but a TTFT 20 % worse than plain vLLM's; sn-k1's
     # worst figure (1.053 on TPOT) beats sn-k2's (1.02).
-    chosen = choose(target(), measured)
+    chosen = choose(target(), measured, [measured])
     assert chosen["decided"] == {"plan_reserve_cores": 1}
     assert chosen["worst_ratio"]["sn-k0"] == pytest.approx(50 / 60, abs=0.001)
+
+
+# Calibration cal-tiny2 on the zen lab (docs/measurements.md), per round as (output tok/s,
+# TTFT p50, TPOT p50) at concurrency 1 and 4; 0 where a step's tokens came in one chunk.
+CAL_TINY2 = {
+    "baseline": [((719.3, 10.0, 1.25), (1703.9, 24.29, 1.62)),
+                 ((428.1, 14.82, 2.22), (1663.6, 27.56, 2.11)),
+                 ((543.9, 12.17, 1.53), (1523.2, 18.83, 2.5))],
+    "sn-k0": [((672.2, 171.46, 0), (1792.3, 18.46, 1.86)),
+              ((812.5, 8.72, 1.14), (1595.5, 21.21, 1.73)),
+              ((504.1, 12.8, 1.69), (1426.6, 23.11, 2.56))],
+    "sn-k1": [((717.1, 11.24, 1.31), (1979.2, 28.01, 1.78)),
+              ((601.1, 9.4, 1.6), (2057.6, 16.96, 1.78)),
+              ((636.8, 13.49, 1.41), (2003.2, 26.51, 1.74))],
+}  # fmt: skip
+
+
+def test_each_round_is_judged_against_its_own_plain_vllm_and_one_bad_round_does_not_decide():
+    names = ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms")
+    by_round = [
+        [{"layout": layout, "concurrency": c, **dict(zip(names, values, strict=True))}
+         for layout, each in CAL_TINY2.items() for c, values in zip((1, 4), each[n], strict=True)]
+        for n in range(3)
+    ]  # fmt: skip
+    medians = {name: calibrate.medians(sum(by_round, []), name) for name in CAL_TINY2}
+    rounds = [{name: calibrate.medians(rows, name) for name in CAL_TINY2} for rows in by_round]
+    chosen = choose(target(node_cores=2), medians, rounds)
+    # K=0's worst median is the higher (TTFT at c4, plain vLLM's fast third round against
+    # K=1), and it chose K=0, which then served a third behind plain vLLM. Round by
+    # round, K=1 reaches 0.95x of plain vLLM in 13 of 18 figures, K=0 in 10 of 17.
+    assert chosen["worst_ratio"]["sn-k0"] > chosen["worst_ratio"]["sn-k1"]
+    assert chosen["at_bar"] == {"sn-k0": round(10 / 17, 3), "sn-k1": round(13 / 18, 3)}
+    assert chosen["decided"] == {"plan_reserve_cores": 1}
 
 
 def test_a_latency_of_zero_tells_nothing_and_leaves_the_other_figures_to_decide():
@@ -69,7 +102,7 @@ def test_a_latency_of_zero_tells_nothing_and_leaves_the_other_figures_to_decide(
         "sn-k1": {1: {"output_tok_s": 792.0, "ttft_p50_ms": 156.16, "tpot_p50_ms": 0.0},
                   4: {"output_tok_s": 2356.0, "ttft_p50_ms": 47.18, "tpot_p50_ms": 1.12}},
     }  # fmt: skip
-    chosen = choose(target(node_cores=2), measured)
+    chosen = choose(target(node_cores=2), measured, [measured])
     assert chosen["decided"] == {"plan_reserve_cores": 1}
     assert chosen["worst_ratio"]["sn-k1"] == pytest.approx(792.0 / 759.6, abs=0.001)
     assert calibrate.ratios(measured, "sn-k1")[1]["tpot_p50_ms"] is None
@@ -82,9 +115,11 @@ def test_the_other_dtype_wins_only_when_it_beats_the_rule_s_own_variant():
     # On a 14-core node the rule keeps 2 cores: float32 is compared with sn-k2.
     kit = {"sn-k0": (90, 50, 10), "sn-k1": (95, 50, 10), "sn-k2": (101, 49, 9.9)}
     better = figures(baseline=plain, **kit, **{"sn-float32": (120, 45, 8)})
-    assert choose(target(isa="avx2"), better)["decided"]["vllm_service_dtype"] == "float32"
+    assert (
+        choose(target(isa="avx2"), better, [better])["decided"]["vllm_service_dtype"] == "float32"
+    )
     worse = {**better, "sn-float32": better["sn-k0"]}
-    assert choose(target(isa="avx2"), worse)["decided"]["vllm_service_dtype"] == "bfloat16"
+    assert choose(target(isa="avx2"), worse, [worse])["decided"]["vllm_service_dtype"] == "bfloat16"
 
 
 class Rows:

@@ -239,32 +239,35 @@ def test_every_layout_is_measured_warm(run_dir):
     assert "warmups" not in step("dp", "bracket", "max")
 
 
-def _worst(rows: list[dict], layout: str) -> float:
-    """A variant's worst figure against plain vLLM at concurrency 1 (above 1 is better;
-    a latency of 0 on either side tells nothing)."""
+def _against_plain(rows: list[dict], layout: str) -> list[float]:
+    """A variant's figures against plain vLLM at concurrency 1 (above 1 is better; a
+    latency of 0 on either side tells nothing)."""
     mine, plain = ({r["layout"]: r for r in rows if r["concurrency"] == "1"}[x]
                    for x in (layout, "baseline"))  # fmt: skip
     told = [float(mine["output_tok_s"]) / float(plain["output_tok_s"])]
     for latency in ("ttft_p50_ms", "tpot_p50_ms"):
-        if float(mine[latency]) and float(plain[latency]):
+        if float(mine[latency] or 0) and float(plain[latency] or 0):
             told.append(float(plain[latency]) / float(mine[latency]))
-    return min(told)
+    return told
 
 
-def test_the_reserve_whose_worst_figure_beats_plain_vllm_most_is_written_and_served(
+def test_the_reserve_whose_rounds_reach_plain_vllm_most_often_is_written_and_served(
     calibration, run_dir
 ):
     result = json.loads((run_dir / "calibration.json").read_text())
     (measured,) = result["classes"]
     assert measured["target"]["host"] == SERVED and measured["target"]["group"] == "lab"
-    # The decision, recomputed from summary.csv: the higher worst ratio (a tie: fewer).
+    # The decision, recomputed from summary.csv (one round): the most figures at 0.95x of
+    # plain vLLM or above, then the higher worst ratio, then fewer cores kept.
     rows = _rows(run_dir)
-    worst = {kept: _worst(rows, f"sn-k{kept}") for kept in (0, 1)}
-    kept = max(worst, key=lambda k: (round(worst[k], 3), -k))
+    figures = {kept: _against_plain(rows, f"sn-k{kept}") for kept in (0, 1)}
+    shares = {k: round(sum(round(r, 3) >= 0.95 for r in f) / len(f), 3) for k, f in figures.items()}
+    kept = max(figures, key=lambda k: (shares[k], round(min(figures[k]), 3), -k))
     decided = measured["decided"]
     assert decided["plan_reserve_cores"] == kept
+    assert measured["figures"]["at_bar"] == {f"sn-k{k}": share for k, share in shares.items()}
     assert measured["figures"]["worst_ratio"][f"sn-k{kept}"] == pytest.approx(
-        worst[kept], abs=0.002
+        min(figures[kept]), abs=0.002
     )
     # No dtype choice on this CPU (not AVX2-only): the rule's stays unwritten.
     assert "vllm_service_dtype" not in decided and decided["plan_crossover"] >= 1
