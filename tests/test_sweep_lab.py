@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ import yaml
 from socketwise.facts.topology import detect
 from socketwise.lab import machines as lab
 from socketwise.lab.common import api_key_path
+from socketwise.measure import benchrun
 from socketwise.plan.hwclass import isa_class
 from socketwise.report import analysis, render
 
@@ -365,22 +367,23 @@ def test_guidellm_reads_a_unicode_line_break_the_model_wrote_as_text(machines, c
     # those two tokens, the model writes the character in every completion (64 tokens of
     # two kinds); GuideLLM runs as the kit runs it, through its runner, with its worker
     # processes.
-    spec_file = f"/var/lib/socketwise/bench-load/{SERVED}/spec.json"
-    spec = json.loads(run_on(machines.loadgen, f"cat {spec_file}"))
+    spec = json.loads(
+        run_on(machines.loadgen, f"cat /var/lib/socketwise/bench-load/{SERVED}/spec.json")
+    )
+    # The kit's own command line for a step; the key and the bias come in the scenario
+    # file, on standard input, never on a command line.
+    unkeyed = {**spec, "api_key_file": ""}
+    step = {"name": "sse", "concurrency": 2, "num_prompts": 4, "input_len": 16, "output_len": 64}
+    work = Path("/root/socketwise-sse-check")
+    argv = benchrun.guidellm_args(unkeyed, step, work, benchrun.Auth(unkeyed, work))
     body = {"logit_bias": {"130": 100, "231": 100}, "seed": 7}
     scenario = {"spec": {"backend": {"api_key": api_key_path().read_text().strip(),
                                      "extras": {"body": body}}}}  # fmt: skip
     script = (
-        'set -eu; d=$(mktemp -d); trap \'rm -rf "$d"\' EXIT; (umask 077; cat > "$d/s.json"); '
-        'cd "$d"; PYTHONPATH=/opt/socketwise/bench HF_HUB_OFFLINE=1 '
+        f"set -eu; rm -rf {work}; mkdir -m 700 {work}; trap 'rm -rf {work}' EXIT; "
+        f"cat > {work}/s.json; cd {work}; env PYTHONPATH=/opt/socketwise/bench HF_HUB_OFFLINE=1 "
         "GUIDELLM__MAX_WORKER_PROCESSES=1 GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL=WARNING "
-        f"{spec['python']} -m socketwise.measure.guidellm_sse run --backend "
-        f"kind=openai_http,target={spec['base_url'].rsplit('/v1', 1)[0]},model={spec['model']},"
-        "request_format=/v1/completions --profile kind=concurrent,streams=2 "
-        "--constraint kind=max_requests,count=4 "
-        "--data kind=synthetic_text,prompt_tokens=16,output_tokens=64 "
-        f"--tokenizer kind=hf_auto,model={spec['tokenizer']} --disable-console "
-        '--config "$d/s.json" --output "kind=json,path=$d/out.json" >&2; cat "$d/out.json"'
+        f"{shlex.join(argv)} --config {work}/s.json >&2; cat {work}/guidellm.json"
     )
     done = subprocess.run(
         lab.ssh_command(machines.loadgen, script), input=json.dumps(scenario),

@@ -212,16 +212,16 @@ def worst(against: dict[int, dict[str, float | None]]) -> float:
     return min(told(against), default=0.0)
 
 
-def at_bar(rounds: list[dict], layout: str) -> float:
-    """The share of a layout's per-round ratios (each round, load and figure that tells
-    something) at BAR or above."""
-    each = [r for figures in rounds for r in told(ratios(figures, layout))]
-    return round(sum(r >= BAR for r in each) / len(each), 3) if each else 0.0
-
-
 def per_round(rounds: list[dict], layout: str) -> list[dict]:
     """Each round's ratios against plain vLLM."""
     return [{str(c): m for c, m in ratios(figures, layout).items()} for figures in rounds]
+
+
+def at_bar(rounds: list[dict], layout: str) -> float:
+    """The share of a layout's per-round ratios (each round, load and figure that tells
+    something) at BAR or above."""
+    each = [r for against in per_round(rounds, layout) for r in told(against)]
+    return round(sum(r >= BAR for r in each) / len(each), 3) if each else 0.0
 
 
 def choose(target: Target, figures: dict, rounds: list[dict]) -> dict:

@@ -25,37 +25,25 @@ from collections.abc import AsyncIterable, AsyncIterator
 LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-class EventStreamLines:
-    """Cuts text that arrives in pieces into an event stream's lines; `pending` holds
-    the line not yet ended. A CR LF cut between two pieces reads as a line end and a
-    blank line, which the reader skips as it skips every blank line."""
-
-    def __init__(self) -> None:
-        self.pending = ""
-
-    def feed(self, text: str) -> list[str]:
-        *lines, self.pending = LINE_END.split(self.pending + text)
-        return lines
-
-
 async def event_stream_lines(texts: AsyncIterable[str]) -> AsyncIterator[str]:
-    """The non-blank lines of an event stream, the last one even without its line end,
-    as GuideLLM's backend reads them."""
-    lines = EventStreamLines()
+    """The non-blank lines of an event stream that arrives in pieces, the last one even
+    without its line end, as GuideLLM's backend reads them. A CR LF cut between two
+    pieces reads as a line end and a blank line, skipped as every blank line is."""
+    pending = ""
     async for text in texts:
-        for line in lines.feed(text):
+        *lines, pending = LINE_END.split(pending + text)
+        for line in lines:
             if line.strip():
                 yield line
-    if lines.pending.strip():
-        yield lines.pending
+    if pending.strip():
+        yield pending
 
 
 def patch_guidellm() -> None:
     from guidellm.backends.openai.http import OpenAIHTTPBackend
 
-    async def _aiter_lines(self, stream) -> AsyncIterator[str]:
-        async for line in event_stream_lines(stream.aiter_text()):
-            yield line
+    def _aiter_lines(self, stream) -> AsyncIterator[str]:
+        return event_stream_lines(stream.aiter_text())
 
     OpenAIHTTPBackend._aiter_lines = _aiter_lines
 
