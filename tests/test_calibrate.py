@@ -122,6 +122,65 @@ def test_the_other_dtype_wins_only_when_it_beats_the_rule_s_own_variant():
     assert choose(target(isa="avx2"), worse, [worse])["decided"]["vllm_service_dtype"] == "bfloat16"
 
 
+# One start each of plain vLLM and the kit's SN keeping one core on the zen lab, 4
+# repetitions of each step back to back (run rep4, 2026-11-29), as (output tok/s, TTFT
+# p50, TPOT p50); None where the step's tokens came in one chunk. Plain vLLM's steps
+# scatter by a third, the kit's by a tenth.
+REP4 = {
+    "baseline": {1: [(601.3, 12.0, 1.46), (546.5, 14.98, 1.6), (804.4, 7.83, 1.17),
+                     (736.2, 156.43, None)],
+                 4: [(2090.3, 24.95, 1.68), (1265.9, 17.69, 1.82), (1360.4, 17.37, 1.44),
+                     (1410.2, 16.44, 1.51)]},
+    "sn-k1": {1: [(694.0, 11.27, 1.35), (738.7, 8.3, 1.29), (693.3, 9.19, 1.4),
+                  (717.5, 8.88, 1.31)],
+              4: [(2234.0, 24.8, 1.61), (2216.3, 16.16, 1.69), (2341.8, 14.9, 1.48),
+                  (2132.0, 17.23, 1.66)]},
+}  # fmt: skip
+
+
+class RepeatingSweep:
+    """What calibrate_class drives of a sweep: each step's figures from REP4 by its
+    repetition (sn-k0 a tenth slower than sn-k1), no deploys."""
+
+    def __init__(self, inventory, run_dir, profile, planned, tool, layouts, limit):
+        self.profile, self.summary, self.batches = profile, [], []
+
+    def drive_flat_out(self, layout: str) -> dict:
+        return {"layout": layout, "max_request_rate": 20.0}
+
+    def measure(self, layout: str, steps: list[dict], batch: str) -> None:
+        self.batches.append((layout, batch, [step["name"] for step in steps]))
+        for step in steps:
+            repetition = int(step["name"].rpartition("-")[2]) - 1
+            tok, ttft, tpot = REP4[layout.replace("k0", "k1")][step["concurrency"]][repetition]
+            slower = 0.9 if layout == "sn-k0" else 1.0
+            self.summary.append(
+                {"layout": layout, "concurrency": step["concurrency"], "rate": None,
+                 "output_tok_s": tok * slower, "ttft_p50_ms": ttft, "tpot_p50_ms": tpot}
+            )  # fmt: skip
+
+
+def test_a_round_s_figure_is_the_median_of_its_repetitions(monkeypatch):
+    monkeypatch.setattr(calibrate, "Sweep", RepeatingSweep)
+    # A 2-core node: DP-2 does not fit beside the rule's reserve, so nothing is searched.
+    two_cores = Target("zen", "lab1", ["lab1"], "lab", 2, "zen", "bf16", Path("l.yml"), 1, "lab1")
+    profile = Profile(concurrencies=[1, 4], rate_fractions=[], repetitions=4)
+    options = {"rounds": 1, "search_rounds": 1, "tool": "vllm"}
+    measured = calibrate.calibrate_class(Path("inv"), Path("run"), two_cores, profile, options)
+    steps = ["c1-1", "c4-1", "c1-2", "c4-2", "c1-3", "c4-3", "c1-4", "c4-4"]
+    assert measured["experiment"].batches == [
+        (name, "round-1", steps) for name in ("baseline", "sn-k0", "sn-k1")
+    ]
+    (against,) = measured["figures"]["per_round_ratios"]["sn-k1"]
+    # Medians of the four: 705.8 against plain vLLM's 668.8 at c1 (plain's third step
+    # alone, 804.4, would put the kit at 0.862), TPOT 1.33 against 1.46 (the one-chunk
+    # step has none), 2225.2 against 1385.3 at c4.
+    assert against["1"] == {"output_tok_s": 1.055, "ttft_p50_ms": 1.493, "tpot_p50_ms": 1.098}
+    assert against["4"]["output_tok_s"] == 1.606
+    assert measured["figures"]["at_bar"]["sn-k1"] == 1.0
+    assert measured["decided"] == {"plan_reserve_cores": 1}
+
+
 class Rows:
     """What crossover_concurrency reads of a sweep: its rows and its profile."""
 

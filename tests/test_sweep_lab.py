@@ -91,7 +91,8 @@ def calibration(machines, tmp_path_factory) -> Calibration:
     before = vars_file.read_text()
     done = subprocess.run(
         [str(BIN / "socketwise"), "calibrate", "-i", str(machines.inventory),
-         "--tool", "guidellm", "--rounds", "1", "--search-rounds", "1", "--concurrencies", "1",
+         "--tool", "guidellm", "--rounds", "1", "--repetitions", "1", "--search-rounds", "1",
+         "--concurrencies", "1",
          "--step-seconds", "4", "--input-len", "64", "--output-len", "32",
          "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=1800,

@@ -7,10 +7,12 @@ on them changes), on the first of its hosts, taken out of the fleet front door f
 1. **Choices, against plain vLLM.** Interleaved rounds over plain vLLM (the sweep's
    `baseline`) and SN keeping K = 0, 1, 2 cores of each node for vLLM's front end (those
    the node has beside one core to serve), and on an AVX2 class SN in the dtype the rule
-   did not pick; the order reverses every round. Each variant's median over the rounds,
-   at each closed-loop concurrency, is compared with plain vLLM's on output tok/s, TTFT
-   p50 and TPOT p50: the variant whose worst ratio is highest wins. K is chosen among the
-   K variants (in the rule's dtype); the dtype against the K variant of the rule's K.
+   did not pick; the order reverses every round. Each variant's steps are repeated in
+   its round (--repetitions), the round's figure their median. Each round's figures, at
+   each closed-loop concurrency, are compared with the same round's plain vLLM on output
+   tok/s, TTFT p50 and TPOT p50: the variant whose ratios reach BAR most often wins
+   (choose). K is chosen among the K variants (in the rule's dtype); the dtype against
+   the K variant of the rule's K.
 2. **The SN/DP crossover.** The sweep's adaptive search between the chosen SN and DP (DP
    with the rule's reserve, as the planner places it): brackets, then bisection rounds.
    Its bracket's midpoint is a request rate; `plan_crossover` is in concurrent requests,
@@ -169,7 +171,8 @@ def variants(target: Target) -> dict[str, dict]:
 
 
 def medians(rows: list[dict], layout: str) -> dict[int, dict[str, float]]:
-    """{concurrency: {metric: median over the rounds}} of one layout's closed-loop rows."""
+    """{concurrency: {metric: median over the rows}} of one layout's closed-loop rows:
+    over the rounds, or over one round's repetitions."""
     by_load: dict[int, dict[str, list[float]]] = {}
     for row in rows:
         if row["layout"] == layout and row["concurrency"] is not None:
@@ -274,10 +277,14 @@ def calibrate_class(
     layouts = variants(target)
     rounds, search_rounds = options["rounds"], options["search_rounds"]
     names = list(layouts)
-    planned = 1 + rounds * len(names) * len(profile.concurrencies) + 4 + 2 * search_rounds
+    closed_steps = len(profile.concurrencies) * profile.repetitions
+    planned = 1 + rounds * len(names) * closed_steps + 4 + 2 * search_rounds
     experiment = Sweep(inventory, run_dir, profile, planned, options["tool"], layouts, target.limit)
     # The first variant driven flat out sizes the closed-loop steps of all (the sweep's
-    # calibration): about step_seconds each, however fast the host.
+    # calibration): about step_seconds each, however fast the host. Each round repeats
+    # them: within one start of a variant, plain vLLM's steps scatter by a third where the
+    # kit's agree within a tenth (docs/measurements.md), and a round's figure is then
+    # their median rather than one draw.
     calibration = experiment.drive_flat_out(names[0])
     closed = [s for s in profile.steps(calibration["max_request_rate"]) if "concurrency" in s]
     by_round = []
@@ -469,6 +476,9 @@ def register(
     )
     parser.add_argument("--run-dir", type=Path, help="default runs/calibrate-<time>")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--repetitions", type=int, default=2,
+                        help="each variant's steps in a round, its figure their median "
+                        "(default 2)")  # fmt: skip
     parser.add_argument("--search-rounds", type=int, default=2,
                         help="bisection rounds of the SN/DP crossover (default 2)")  # fmt: skip
     parser.add_argument("--concurrencies", default="1,4", help="closed-loop points")
@@ -486,6 +496,7 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
     try:
         for flag, value in (
             ("--rounds", args.rounds),
+            ("--repetitions", args.repetitions),
             ("--search-rounds", args.search_rounds),
             ("--input-len", args.input_len),
             ("--output-len", args.output_len),
@@ -495,7 +506,7 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
         profile = Profile(
             concurrencies=_numbers("--concurrencies", args.concurrencies, int),
             rate_fractions=[], input_len=args.input_len, output_len=args.output_len,
-            step_seconds=args.step_seconds,
+            step_seconds=args.step_seconds, repetitions=args.repetitions,
         )  # fmt: skip
         options = {"rounds": args.rounds, "search_rounds": args.search_rounds, "tool": args.tool}
         calibrate(args.inventory, run_dir, profile, options, args.limit)
