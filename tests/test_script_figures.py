@@ -26,31 +26,28 @@ def script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_kit_vs_baseline_prints_each_layouts_medians_against_plain_vllms():
     done = script("kit-vs-baseline", "--from", str(RUN))
     assert done.returncode == 0, done.stderr
-    # Closed-loop rows only (the 2 req/s rows are left out); medians over the three rounds:
-    # 11 / 9, 160 / 200 and 100 / 125 at concurrency 1; 40 / 32, 300 / 410 and 120 / 155 at 4.
-    # Then each round's ratio: the first round's 10 / 8 and so on.
+    # Closed-loop rows only (the 2 req/s rows are left out). The run directory is one
+    # round, its figure the median of its three repetitions: 11 / 9, 160 / 200 and
+    # 100 / 125 at concurrency 1; 40 / 32, 300 / 410 and 120 / 155 at 4; TP's one step
+    # against plain vLLM's median, 15 / 9.
     assert done.stdout.splitlines() == [
-        "box concurrency 1: output tok/s sn 11.0, plain 9.0: sn/plain 1.222 "
-        "(rounds 1.250, 1.200, 1.222); TTFT p50 sn 160.0, plain 200.0: sn/plain 0.800 "
-        "(rounds 0.750, 0.727, 0.944); TPOT p50 sn 100.0, plain 125.0: sn/plain 0.800 "
-        "(rounds 0.800, 0.727, 0.962) (3 round(s))",
-        "box concurrency 4: output tok/s sn 40.0, plain 32.0: sn/plain 1.250 "
-        "(rounds 1.333, 1.059, 1.375); TTFT p50 sn 300.0, plain 410.0: sn/plain 0.732 "
-        "(rounds 0.750, 0.738, 0.707); TPOT p50 sn 120.0, plain 155.0: sn/plain 0.774 "
-        "(rounds 0.800, 0.775, 0.748) (3 round(s))",
-        "box concurrency 1: output tok/s tp 15.0, plain 9.0: tp/plain 1.667 (rounds 1.875); "
+        "box concurrency 1: output tok/s sn 11.0, plain 9.0: sn/plain 1.222 (rounds 1.222); "
+        "TTFT p50 sn 160.0, plain 200.0: sn/plain 0.800 (rounds 0.800); "
+        "TPOT p50 sn 100.0, plain 125.0: sn/plain 0.800 (rounds 0.800) (1 round(s))",
+        "box concurrency 4: output tok/s sn 40.0, plain 32.0: sn/plain 1.250 (rounds 1.250); "
+        "TTFT p50 sn 300.0, plain 410.0: sn/plain 0.732 (rounds 0.732); "
+        "TPOT p50 sn 120.0, plain 155.0: sn/plain 0.774 (rounds 0.774) (1 round(s))",
+        "box concurrency 1: output tok/s tp 15.0, plain 9.0: tp/plain 1.667 (rounds 1.667); "
         "TTFT p50 tp 100.0, plain 200.0: tp/plain 0.500 (rounds 0.500); "
         "TPOT p50 tp 50.0, plain 125.0: tp/plain 0.400 (rounds 0.400) (1 round(s))",
     ]
 
 
-def test_kit_vs_baseline_counts_each_run_directory_as_rounds():
+def test_kit_vs_baseline_counts_each_run_directory_as_a_round():
     done = script("kit-vs-baseline", "--from", str(RUN), "--from", str(RUN))
     assert done.returncode == 0, done.stderr
-    # The same figures twice over: the same medians, twice the rounds.
-    assert done.stdout.splitlines()[0].endswith(
-        "sn/plain 0.800 (rounds 0.800, 0.727, 0.962, 0.800, 0.727, 0.962) (6 round(s))"
-    )
+    # The same figures twice over: the same medians, two rounds.
+    assert done.stdout.splitlines()[0].endswith("sn/plain 0.800 (rounds 0.800, 0.800) (2 round(s))")
 
 
 def test_roofline_prints_decode_against_the_bandwidth_of_the_nodes_each_layout_reads():
