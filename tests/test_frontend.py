@@ -73,11 +73,39 @@ def test_the_front_end_moves_to_its_cores_and_the_scheduler_to_the_engines(serve
     # The worker keeps the unit's CPUs: vLLM's OpenMP binds it within them.
     assert cpus["VLLM::Worker_TP"] == set(CPUS)
     assert f"on CPUs {sorted(FRONT)}" in said and f"(pid {server}" in said
-    assert f"schedules on CPUs {sorted(RANK)}" in said
+    assert f"schedules on CPUs {sorted(RANK)}" in said and "nice" not in said
+    # On a core of the front end's own, the scheduler keeps the unit's priority.
+    (engine,) = [
+        p["pid"]
+        for p in map(describe, process_tree(server))
+        if p and p["comm"] == "VLLM::EngineCor"
+    ]
+    assert _nice(engine) == os.getpriority(os.PRIO_PROCESS, 0)
     processes = [p for p in map(describe, process_tree(server)) if p]
     assert not [
         x for x in check_instance(_instance(), processes) if "front end" in x or "engine core" in x
     ]
+
+
+def _nice(pid: int) -> int:
+    """A thread's nice (/proc/PID/stat's 19th field; the name may hold spaces)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rpartition(")")[2].split()[16])
+
+
+def test_a_scheduler_sharing_the_front_end_s_core_yields_to_the_api_server(server):
+    # One core kept: the API server and the scheduler share it, the scheduler at a lower
+    # priority; the worker keeps its core to itself.
+    said = place(server, FRONT, FRONT, workers=1, timeout=20)
+    cpus = _cpus_of(server)
+    assert cpus["api"] == FRONT and cpus["scheduler"] == FRONT
+    (engine,) = [
+        p["pid"]
+        for p in map(describe, process_tree(server))
+        if p and p["comm"] == "VLLM::EngineCor"
+    ]
+    assert _nice(engine) == 10 and _nice(server) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert f"schedules on CPUs {sorted(FRONT)} at nice 10" in said
 
 
 def test_the_deploy_check_names_a_front_end_left_on_every_cpu(server):
