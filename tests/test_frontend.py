@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from socketwise.serve.frontend import main, pin, place
+from socketwise.serve.frontend import main, place
 from socketwise.serve.verify import check_instance, describe, process_tree
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -52,17 +52,6 @@ def _cpus_of(main_pid: int) -> dict[str, set[int]]:
     return found
 
 
-def _engine(main_pid: int) -> int:
-    """The engine core's PID, once it has started and named itself."""
-    for _ in range(200):
-        named = [p for p in map(describe, process_tree(main_pid)) if p]
-        engines = [p["pid"] for p in named if p["comm"] == "VLLM::EngineCor"]
-        if engines:
-            return engines[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no engine core under {main_pid}")
-
-
 def _instance() -> dict:
     return {
         "name": "vllm-sn",
@@ -84,44 +73,10 @@ def test_the_front_end_moves_to_its_cores_and_the_scheduler_to_the_engines(serve
     # The worker keeps the unit's CPUs: vLLM's OpenMP binds it within them.
     assert cpus["VLLM::Worker_TP"] == set(CPUS)
     assert f"on CPUs {sorted(FRONT)}" in said and f"(pid {server}" in said
-    assert f"schedules on CPUs {sorted(RANK)}" in said and "nice" not in said
-    # On a core of the front end's own, the scheduler keeps the unit's priority.
-    engine = _engine(server)
-    assert _nice(engine) == os.getpriority(os.PRIO_PROCESS, 0)
+    assert f"schedules on CPUs {sorted(RANK)}" in said
     processes = [p for p in map(describe, process_tree(server)) if p]
     assert not [
         x for x in check_instance(_instance(), processes) if "front end" in x or "engine core" in x
-    ]
-
-
-def _nice(pid: int) -> int:
-    """A thread's nice (/proc/PID/stat's 19th field; the name may hold spaces)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rpartition(")")[2].split()[16])
-
-
-def test_a_scheduler_sharing_the_front_end_s_core_yields_to_the_api_server(server):
-    # One core kept: the API server and the scheduler share it, the scheduler at a lower
-    # priority; the worker keeps its core to itself.
-    said = place(server, FRONT, FRONT, workers=1, timeout=20)
-    cpus = _cpus_of(server)
-    assert cpus["api"] == FRONT and cpus["scheduler"] == FRONT
-    engine = _engine(server)
-    assert _nice(engine) == 10 and _nice(server) == os.getpriority(os.PRIO_PROCESS, 0)
-    assert f"schedules on CPUs {sorted(FRONT)} at nice 10" in said
-    processes = [p for p in map(describe, process_tree(server)) if p]
-    shared = {**_instance(), "engine_cpus": sorted(FRONT)}
-    assert not [x for x in check_instance(shared, processes) if "engine core" in x]
-
-
-def test_the_deploy_check_names_a_scheduler_at_the_api_server_s_priority(server):
-    engine = _engine(server)
-    pin(engine, FRONT)
-    processes = [p for p in map(describe, process_tree(server)) if p]
-    problems = check_instance({**_instance(), "engine_cpus": sorted(FRONT)}, processes)
-    assert [x for x in problems if "engine core" in x] == [
-        f"vllm-sn: engine core process {engine} schedules at nice "
-        f"{os.getpriority(os.PRIO_PROCESS, 0)} beside the API server, planned 10"
     ]
 
 

@@ -518,11 +518,11 @@ def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list
     engine core's scheduler thread: ([], []) where no core is kept (both stay on
     `cpus_allowed`). The scheduler runs beside each step of the workers and the API server
     beside each token, so each gets a core of its own where the first rank's node keeps
-    two or more: the last of them is the scheduler's. Where it keeps one, both share it,
-    the scheduler at a lower priority (frontend.py): beside the worker it cost about a
-    tenth at concurrency 1, and at the API server's priority it left the server too little
-    CPU at concurrency 4 (docs/measurements.md). vLLM's own DP (several engine cores in
-    one unit) leaves the engine cores where they are."""
+    two or more: the last of them is the scheduler's. Where it keeps one, the scheduler
+    goes beside the first rank: with the API server it left the server too little CPU at
+    concurrency 4 (tokens sent in one chunk, half the throughput), beside the worker it
+    cost about a fifth at concurrency 1 (docs/measurements.md). vLLM's own DP (several
+    engine cores in one unit) leaves the engine cores where they are."""
     if not front:
         return [], []
     if instance["data_parallel"] > 1:
@@ -532,7 +532,7 @@ def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list
     kept = [core for core in node.cores if core[0] in front]
     if len(kept) >= 2:
         return sorted(front - set(kept[-1])), sorted(kept[-1])
-    return sorted(front), sorted(front)
+    return sorted(front), sorted(first["cpus"])
 
 
 def node_use(node: Node, placed: list[dict]) -> dict:

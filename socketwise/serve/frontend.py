@@ -14,9 +14,7 @@ parent's CPUs, and each worker's OpenMP binds from there), then moves every thre
 the API server and its other processes, and the engine core's socket threads, to the
 `--frontend` CPUs, and the engine core's main thread (its scheduler loop) to the
 `--engine` CPUs (the plan's `engine_cpus`); without `--engine` the engine core stays
-where it is. Where the scheduler shares the front end's CPUs it runs at nice
-SCHEDULER_NICE, so the API server, which streams every token, goes first. Threads made
-later take their maker's CPUs and priority. Never fails the unit: a worker
+where it is. Threads made later take their maker's CPUs. Never fails the unit: a worker
 that does not come within `--timeout` seconds, or a process gone meanwhile, is one line
 in the journal.
 """
@@ -32,10 +30,6 @@ from pathlib import Path
 # vLLM names its processes (setproctitle); comm keeps the first 15 characters.
 WORKER_PREFIX = "VLLM::Worker"
 ENGINE_PREFIX = "VLLM::EngineCor"
-# The scheduler's nice where it shares the API server's CPUs: at the same priority the
-# API server fell behind at concurrency 4 and sent each request's tokens in one chunk
-# (docs/measurements.md).
-SCHEDULER_NICE = 10
 
 
 def cpu_list(text: str) -> set[int]:
@@ -101,15 +95,12 @@ def place(
             )
         time.sleep(0.5)
     placed = {"front end": [], "engine core": []}
-    shared = engine is not None and engine <= frontend
     for pid, comm in processes:
         if comm.startswith(WORKER_PREFIX):
             continue
         if comm.startswith(ENGINE_PREFIX):
             if engine is not None:
                 pin(pid, frontend, main=engine)
-                if shared:
-                    os.setpriority(os.PRIO_PROCESS, pid, SCHEDULER_NICE)
                 placed["engine core"].append(pid)
             continue
         pin(pid, frontend)
@@ -118,7 +109,6 @@ def place(
     if placed["engine core"]:
         pids = ", ".join(map(str, placed["engine core"]))
         said += f"; engine core (pid {pids}) schedules on CPUs {sorted(engine or ())}"
-        said += f" at nice {SCHEDULER_NICE}" if shared else ""
     return said
 
 

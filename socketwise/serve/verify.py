@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..facts.topology import parse_cpulist
-from .frontend import ENGINE_PREFIX, SCHEDULER_NICE, WORKER_PREFIX, tree
+from .frontend import ENGINE_PREFIX, WORKER_PREFIX, tree
 
 # vLLM's x86 kernel libraries: it loads one at run time, by what the CPU can do.
 KERNEL_LIBRARIES = ("_C", "_C_AVX512", "_C_AVX2")
@@ -33,15 +33,12 @@ def process_tree(main_pid: int, proc: Path = Path("/proc")) -> list[int]:
 
 
 def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
-    """Name, title, process affinity and nice (its main thread's), and the CPUs its threads
-    are allowed (None if gone)."""
+    """Name, title, process affinity and the CPUs its threads are allowed (None if gone)."""
     base = proc / str(pid)
     try:
         comm = (base / "comm").read_text().strip()
         title = (base / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         allowed = parse_cpulist(_status_field(base / "status", "Cpus_allowed_list"))
-        # stat's 19th field; the name before it may hold spaces and parentheses.
-        nice = int((base / "stat").read_text().rpartition(")")[2].split()[16])
         thread_cpus: set[int] = set()
         for task in (base / "task").iterdir():
             thread_cpus |= set(parse_cpulist(_status_field(task / "status", "Cpus_allowed_list")))
@@ -52,7 +49,6 @@ def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
         "comm": comm,
         "title": title,
         "cpus_allowed": allowed,
-        "nice": nice,
         "thread_cpus": sorted(thread_cpus),
     }
 
@@ -138,8 +134,7 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
 def _front_end_problems(instance: dict, processes: list[dict]) -> list[str]:
     """Where the plan keeps CPUs for the front end (`frontend_cpus`), the API server's
     threads and its other processes' run on them, and an engine core's main thread on
-    `engine_cpus`, at SCHEDULER_NICE where those are the front end's own (frontend.py
-    placed them when the unit started)."""
+    `engine_cpus` (frontend.py placed them when the unit started)."""
     frontend = sorted(instance.get("frontend_cpus") or [])
     engine = sorted(instance.get("engine_cpus") or [])
     if not frontend:
@@ -154,11 +149,6 @@ def _front_end_problems(instance: dict, processes: list[dict]) -> list[str]:
                     f"{instance['name']}: engine core process {process['pid']} "
                     f"({process['title']}) schedules on CPUs {process['cpus_allowed']}, "
                     f"planned {engine}"
-                )
-            elif engine and set(engine) <= set(frontend) and process["nice"] != SCHEDULER_NICE:
-                problems.append(
-                    f"{instance['name']}: engine core process {process['pid']} schedules "
-                    f"at nice {process['nice']} beside the API server, planned {SCHEDULER_NICE}"
                 )
         elif process["thread_cpus"] != frontend:
             problems.append(
