@@ -61,13 +61,10 @@ class Figures:
     def add_round(self, rows: list[dict], key: Callable[[dict], tuple]) -> None:
         """One round's ROWS, grouped by KEY(row): each group added as one round, each
         figure the median of the group's rows (a sweep's repetitions of one step)."""
-        grouped: dict[tuple, dict[str, list[float]]] = {}
+        grouped = Figures()
         for row in rows:
-            got = grouped.setdefault(key(row), {})
-            for metric, _ in FIGURES:
-                if row.get(metric):
-                    got.setdefault(metric, []).append(float(row[metric]))
-        for name, by_metric in grouped.items():
+            grouped.add(key(row), row)
+        for name, by_metric in grouped.values.items():
             self.add(name, {metric: statistics.median(v) for metric, v in by_metric.items()})
 
     def median(self, key: tuple, metric: str) -> float | None:
