@@ -96,7 +96,7 @@ DOORS = PLAIN_DOORS + TLS_DOORS
 CLUSTER_METRICS = ("cluster-llamacpp", "cluster-member")
 # Second listeners of the doors above, each started with its door: the host's metrics door
 # and the llama.cpp head's.
-SECOND_LISTENERS = ("metrics", "cluster-llamacpp-metrics")
+SECOND_LISTENERS = ("metrics", "cluster-llamacpp-metrics", "engine-gone-metrics")
 # A host's door with small per-client limits, and a client address exempt from them.
 LIMITS = {"connections": 3, "rate": 2}
 EXEMPT = "127.0.0.2"
@@ -257,6 +257,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "metrics", "host-own-keys", "fleet-retry")
+    others += ("engine-gone",)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
     plan = {
@@ -334,6 +335,17 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
                 "vllm_service_client_max_rate": LIMITS["rate"],
                 "vllm_service_client_limit_exempt": [EXEMPT],
             },
+        ),
+        # A host's door whose one engine is gone: nothing listens on its port.
+        "engine-gone": (
+            "haproxy.cfg.j2",
+            own_listener(
+                directory,
+                "engine-gone",
+                {"instances": [{"name": INSTANCE, "port": free_port(), "max_connections": 8}]},
+                ports["engine-gone"],
+            )
+            | {"vllm_service_metrics_port": ports["engine-gone-metrics"]},
         ),
         # Reloaded with new keys (test_a_reload_takes_new_keys...).
         "rotating": (
@@ -768,6 +780,15 @@ def test_the_metrics_door_serves_each_engine_the_node_and_itself_to_the_scrape_t
     for path in ("/metrics", "/metrics/", "/metrics/vllm-other", "/v1/models", "/health"):
         outcome = send(front, "metrics", "GET", path, bearer(SCRAPE))
         assert (outcome.status, outcome.reached) == (403, []), path
+
+
+def test_a_scrape_of_an_engine_that_is_gone_fails_at_once(front):
+    # Its next scrape fails and the next evaluation fires SocketwiseEngineDown: the door
+    # does not retry the refused connection (1 s a retry) and delay the alert.
+    started = time.monotonic()
+    outcome = send(front, "engine-gone-metrics", "GET", f"/metrics/{INSTANCE}", bearer(SCRAPE))
+    took = time.monotonic() - started
+    assert (outcome.status, outcome.reached) == (503, []) and took < 1, took
 
 
 def test_the_metrics_door_refuses_a_scrape_without_the_token(front):
