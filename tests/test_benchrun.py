@@ -276,3 +276,12 @@ def test_the_lab_inventory_puts_load_generators_in_their_group(tmp_path):
     # deploy.yml and the sweep serve on the others only.
     assert sweep.served_hosts(inventory) == ["lab1", "lab2"]
     assert sweep.served_hosts(lab.write_inventory(machines, tmp_path)) == ["lab1", "lab2", "lab3"]
+
+
+def test_a_step_s_own_seed_picks_its_prompts_with_either_tool(tmp_path):
+    auth = benchrun.Auth(SPEC, tmp_path)
+    step = {"name": "c1-2", "num_prompts": 8, "input_len": 8, "output_len": 8, "concurrency": 1}
+    assert option(benchrun.vllm_args(SPEC, step, tmp_path, auth), "--seed") == "7"
+    assert option(benchrun.vllm_args(SPEC, step | {"seed": 99}, tmp_path, auth), "--seed") == "99"
+    guidellm = benchrun.guidellm_args(SPEC, step | {"seed": 99}, tmp_path, auth)
+    assert option(guidellm, "--seed") == "kind=static,value=99"

@@ -4,7 +4,7 @@ import csv
 import json
 
 from socketwise.measure.rundir import SUMMARY_COLUMNS, write_csv
-from socketwise.measure.sweep import Profile, failures, summary_rows
+from socketwise.measure.sweep import Profile, failures, prompt_seed, summary_rows
 
 
 def test_rates_are_placed_relative_to_the_measured_maximum():
@@ -40,6 +40,24 @@ def test_repetitions_repeat_every_point_under_distinct_names():
     names = [s["name"] for s in steps]
     assert len(names) == len(set(names)) == 3 * 7
     assert sum(1 for s in steps if s.get("rate") == 1.0) == 3
+
+
+def test_no_step_sends_the_prompts_of_another_step_or_run():
+    """vLLM's prefix cache answers a prompt it has seen without its prefill: a step that
+    repeated an earlier one's prompts on the same server measured a faster server."""
+    steps = [s["name"] for s in Profile(repetitions=2).steps(max_rate=2.0)]
+    seeds = [
+        prompt_seed(0, run, layout, batch, step)
+        for run in (1, 2)
+        for layout in ("baseline", "sn")
+        for batch in ("round-1", "round-2")
+        for step in steps
+    ]
+    assert len(set(seeds)) == len(seeds) == 2 * 2 * 2 * len(steps)
+    # Drawn from the profile's seed: the same step of the same run gets the same prompts.
+    assert prompt_seed(0, 1, "sn", "round-1", "c1-1") == prompt_seed(0, 1, "sn", "round-1", "c1-1")
+    assert prompt_seed(0, 1, "sn", "round-1", "c1-1") != prompt_seed(1, 1, "sn", "round-1", "c1-1")
+    assert all(0 <= seed < 2**32 for seed in seeds)  # numpy's seed range
 
 
 def test_bench_results_become_contract_rows(tmp_path):

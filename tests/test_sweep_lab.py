@@ -242,6 +242,18 @@ def test_every_layout_is_measured_warm(run_dir):
     assert "warmups" not in step("dp", "bracket", "max")
 
 
+def test_no_step_sent_the_prompts_of_an_earlier_one(run_dir):
+    """vLLM answers a prompt it has seen from its prefix cache, without the prefill: a
+    step that sent an earlier step's prompts to the same server measured a faster one."""
+    records = (run_dir / "hosts" / SERVED).glob("*/*/*/step.json")
+    steps = [json.loads(path.read_text()) for path in records]
+    seeds = [step["seed"] for step in steps]
+    assert len(steps) >= 6 and len(set(seeds)) == len(seeds)
+    # Each step's record keeps the prefix cache's counters, which a reader checks this by.
+    sampled = run_dir / "hosts" / SERVED / "baseline" / "round-1" / "c1" / "metrics.jsonl"
+    assert "vllm:prefix_cache_queries_total" in json.loads(sampled.read_text().splitlines()[-1])
+
+
 def _against_plain(rows: list[dict], layout: str) -> list[float]:
     """A variant's figures against plain vLLM at concurrency 1 (above 1 is better; a
     latency of 0 on either side tells nothing)."""

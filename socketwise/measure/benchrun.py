@@ -33,7 +33,8 @@ SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "loadgen": HOST, "python": TOOL_VE
                   "input_len": 256, "output_len": 128}, {"name": "r2", "rate": 2.0, ...}]}
 A step has either `rate` (open loop, req/s: Poisson arrivals with vLLM's benchmark,
 evenly spaced ones with GuideLLM's; "inf" for all at once) or `concurrency` (closed
-loop), and may have `warmups`: requests vLLM's benchmark sends first and leaves out.
+loop), and may have `warmups`: requests vLLM's benchmark sends first and leaves out,
+and `seed`: its random prompts' seed, instead of the spec's.
 
     python3 benchrun.py --bandwidth OUT.json NODE:THREADS ...
 
@@ -71,8 +72,13 @@ BENCH = (
 BURST_TOLERANCE_S = 0.001
 # Lines of a failed step's log the controller shows.
 FAILURE_LINES = 12
-# The /metrics series a report reads: queue depth, running requests, KV cache use.
-METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+# The /metrics series a run keeps: queue depth, running requests, KV cache use, and the
+# prompt tokens the prefix cache was asked for and found (each step sends its own
+# prompts, so it finds only what vLLM's benchmark sent twice: its first prompt).
+METRICS = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+)  # fmt: skip
 
 
 def cpu_times() -> tuple[int, int]:
@@ -134,7 +140,7 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
         "--random-output-len", str(step["output_len"]),
         "--num-prompts", str(step["num_prompts"]),
         "--ignore-eos",
-        "--seed", str(spec.get("seed", 0)),
+        "--seed", str(step_seed(spec, step)),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,99",
         "--disable-tqdm",
@@ -151,6 +157,11 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
     if spec["base_url"].startswith("https://") and spec.get("insecure"):
         args.append("--insecure")
     return args
+
+
+def step_seed(spec: dict, step: dict) -> int:
+    """The seed of STEP's random prompts: its own, else the run's."""
+    return step.get("seed", spec.get("seed", 0))
 
 
 def guidellm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
@@ -180,7 +191,7 @@ def guidellm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[st
         "--data", f"kind=synthetic_text,prompt_tokens={step['input_len']},"
                   f"output_tokens={step['output_len']}",
         "--tokenizer", f"kind=hf_auto,model={spec['tokenizer']}",
-        "--seed", f"kind=static,value={spec.get('seed', 0)}",
+        "--seed", f"kind=static,value={step_seed(spec, step)}",
         "--output", f"kind=json,path={step_dir / 'guidellm.json'}",
         "--disable-console",
         *auth.guidellm_scenario(),

@@ -21,6 +21,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -90,7 +91,8 @@ class Profile:
     min_prompts: int = 8
     calibration_prompts: int = 32
     repetitions: int = 1
-    # Seed of the benchmark's random prompts: the same seed, the same requests.
+    # Seed of the benchmark's random prompts, from which each step's own is drawn
+    # (prompt_seed): the same step seed, the same requests.
     seed: int = 0
 
     def steps(self, max_rate: float) -> list[dict]:
@@ -287,6 +289,15 @@ def step_power_rows(host: str, layout: str, results: Path) -> list[dict]:
     return rows
 
 
+def prompt_seed(seed: int, run: int, layout: str, batch: str, step: str) -> int:
+    """The seed of one step's random prompts: its own in a run (RUN, the run's start),
+    so no step sends prompts an earlier one sent. vLLM keeps a prompt's KV cache after it
+    is answered (prefix caching, on by default), and the same prompts again skip their
+    prefill: with one seed for every step, each repetition and each round on a server
+    left running measured half its prompts' prefill (docs/measurements.md)."""
+    return zlib.crc32(f"{seed}/{run}/{layout}/{batch}/{step}".encode())
+
+
 class Sweep:
     """One experiment: deploys layouts on demand, runs step batches, keeps the rows.
 
@@ -307,6 +318,9 @@ class Sweep:
         self.inventory, self.run_dir, self.profile, self.tool = inventory, run_dir, profile, tool
         self.layouts, self.limit = LAYOUTS if layouts is None else layouts, limit
         self.deployed: str | None = None
+        # Mixed into every step's prompt seed: a server left running from an earlier run
+        # (a layout deployed again without a change is not restarted) keeps its prompts.
+        self.run = time.time_ns()
         self.loadgen_prepared = False
         self.summary: list[dict] = []
         self.power: list[dict] = []
@@ -332,6 +346,8 @@ class Sweep:
             # A server just started answers its first requests slower: without this the
             # first layout (warmed by its calibration) would be measured warm, the rest cold.
             steps = [{**steps[0], "warmups": WARMUP_REQUESTS}, *steps[1:]]
+        seeds = functools.partial(prompt_seed, self.profile.seed, self.run, layout, batch)
+        steps = [{**step, "seed": seeds(step["name"])} for step in steps]
         self._say(f"{layout}: {batch}, {len(steps)} step(s): {[s['name'] for s in steps]}")
         found: dict[str, dict[str, dict]] = {}
         unpacked = _bench(
