@@ -73,8 +73,9 @@ BURST_TOLERANCE_S = 0.001
 # Lines of a failed step's log the controller shows.
 FAILURE_LINES = 12
 # The /metrics series a run keeps: queue depth, running requests, KV cache use, and the
-# prompt tokens the prefix cache was asked for and found (each step sends its own
-# prompts, so it finds only what vLLM's benchmark sent twice: its first prompt).
+# prompt tokens the prefix cache was asked for and found (each step sends prompts of its
+# own; what it finds there is what they share with earlier ones, which a model with a
+# small vocabulary makes common: docs/measurements.md).
 METRICS = (
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
