@@ -291,7 +291,8 @@ def step_power_rows(host: str, layout: str, results: Path) -> list[dict]:
 
 def prompt_seed(seed: int, run: int, layout: str, batch: str, step: str) -> int:
     """The seed of one step's random prompts: its own in a run (RUN, the run's start),
-    so no step sends prompts an earlier one sent. vLLM keeps a prompt's KV cache after it
+    so no step sends again the prompts an earlier one drew (a model with a small
+    vocabulary still gives some prompts the same start). vLLM keeps a prompt's KV cache after it
     is answered (prefix caching, on by default), and the same prompts again skip their
     prefill: with one seed for every step, each repetition and each round on a server
     left running measured half its prompts' prefill (docs/measurements.md)."""
