@@ -44,8 +44,10 @@ class CurveSweep(Sweep):
     def _say(self, message: str) -> None:
         self.said.append(message)
 
-    def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
-        if self.deployed != layout:
+    def measure(
+        self, layout: str, steps: list[dict], batch: str, fresh: bool = False
+    ) -> dict[str, dict[str, dict]]:
+        if fresh or self.deployed != layout:
             self.deployed, self.deploys = layout, self.deploys + 1
         self.steps_run += len(steps)
         self.batches.setdefault(layout, set()).add(batch)

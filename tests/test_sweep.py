@@ -2,9 +2,11 @@
 
 import csv
 import json
+from pathlib import Path
 
+from socketwise.measure import sweep
 from socketwise.measure.rundir import SUMMARY_COLUMNS, write_csv
-from socketwise.measure.sweep import Profile, failures, prompt_seed, summary_rows
+from socketwise.measure.sweep import Profile, Sweep, failures, prompt_seed, run_fixed, summary_rows
 
 
 def test_rates_are_placed_relative_to_the_measured_maximum():
@@ -58,6 +60,40 @@ def test_no_step_sends_the_prompts_of_another_step_or_run():
     assert prompt_seed(0, 1, "sn", "round-1", "c1-1") == prompt_seed(0, 1, "sn", "round-1", "c1-1")
     assert prompt_seed(0, 1, "sn", "round-1", "c1-1") != prompt_seed(1, 1, "sn", "round-1", "c1-1")
     assert all(0 <= seed < 2**32 for seed in seeds)  # numpy's seed range
+
+
+def test_every_layout_starts_its_steps_on_a_server_started_for_them(monkeypatch, tmp_path):
+    """A server's prefix cache keeps the prompts it answered: one left running by an
+    earlier run, or by the flat-out run that sized the steps, answers prompts that share
+    a start with them faster, so the layout measured first would be flattered."""
+    deploys, batches = [], []
+
+    def runner(playbook, inventory, variables, artifacts, on_event=None, limit=None):
+        deploys.append((variables.get("plan_layout"), variables.get("vllm_service_fresh_start")))
+
+    def bench(inventory, layout, steps, run_dir, batch, *rest):
+        batches.append((layout, batch, steps[0].get("warmups")))
+        results = run_dir / "hosts" / "lab1" / layout / batch
+        for step in steps:
+            (results / step["name"]).mkdir(parents=True)
+            (results / step["name"] / "bench.json").write_text('{"request_throughput": 4.0}')
+        return {"lab1": results}
+
+    monkeypatch.setattr(sweep, "_runner", runner)
+    monkeypatch.setattr(sweep, "_bench", bench)
+    monkeypatch.setattr(sweep, "summary_rows", lambda *_: [])
+    monkeypatch.setattr(sweep, "step_power_rows", lambda *_: [])
+    experiment = Sweep(Path("inv"), tmp_path, Profile(concurrencies=[1]), 3, limit="lab1")
+    run_fixed(experiment, ["baseline", "sn"])
+    # Every deploy restarts, changed or not (a host may already serve the first layout);
+    # the first layout again after its flat-out run, each one warmed up.
+    assert deploys == [("sn", True)] * 3
+    assert batches == [
+        ("baseline", "calibration", 4), ("baseline", "sweep", 4), ("sn", "sweep", 4)
+    ]  # fmt: skip
+    # A layout deployed and not asked to start afresh measures on.
+    experiment.measure("sn", [{"name": "c1", "concurrency": 1}], "more")
+    assert len(deploys) == 3 and batches[-1] == ("sn", "more", None)
 
 
 def test_bench_results_become_contract_rows(tmp_path):

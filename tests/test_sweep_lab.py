@@ -233,10 +233,10 @@ def test_every_layout_is_measured_warm(run_dir):
         path = run_dir / "hosts" / SERVED / layout / batch / name / "step.json"
         return json.loads(path.read_text())
 
-    # Plain vLLM, deployed first, is warmed by its flat-out run, which sized every step.
+    # Plain vLLM, deployed first, is restarted after the flat-out run that sized every
+    # step, and warmed again.
     assert step("baseline", "calibration", "max")["warmups"] == 4
-    assert "warmups" not in step("baseline", "round-1", "c1")
-    for layout in VARIANTS[1:]:
+    for layout in VARIANTS:
         assert step(layout, "round-1", "c1")["warmups"] == 4
     assert step("dp", "bracket", "c1")["warmups"] == 4
     assert "warmups" not in step("dp", "bracket", "max")
@@ -252,6 +252,15 @@ def test_no_step_sent_the_prompts_of_an_earlier_one(run_dir):
     # Each step's record keeps the prefix cache's counters, which a reader checks this by.
     sampled = run_dir / "hosts" / SERVED / "baseline" / "round-1" / "c1" / "metrics.jsonl"
     assert "vllm:prefix_cache_queries_total" in json.loads(sampled.read_text().splitlines()[-1])
+
+    # Nor did a round start on a server that had answered the flat-out run's prompts: each
+    # layout's round ran on a server of its own (placement.txt names the unit's process).
+    def server(layout: str, batch: str) -> str:
+        placement = run_dir / "hosts" / SERVED / layout / batch / "placement.txt"
+        return re.search(r"\(pid (\d+)\)", placement.read_text()).group(1)
+
+    servers = [server("baseline", "calibration")] + [server(x, "round-1") for x in VARIANTS]
+    assert len(set(servers)) == len(servers), servers
 
 
 def _against_plain(rows: list[dict], layout: str) -> list[float]:

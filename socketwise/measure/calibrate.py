@@ -290,8 +290,10 @@ def calibrate_class(
     by_round = []
     for number in range(1, rounds + 1):
         first = len(experiment.summary)
-        for name in names if number % 2 else names[::-1]:
-            experiment.measure(name, closed, f"round-{number}")
+        for index, name in enumerate(names if number % 2 else names[::-1]):
+            # A round begins on the layout the flat-out run or the last round ended on:
+            # restarted, so it starts with an empty prefix cache as the others do.
+            experiment.measure(name, closed, f"round-{number}", fresh=index == 0)
         by_round.append({name: medians(experiment.summary[first:], name) for name in names})
     figures = {name: medians(experiment.summary, name) for name in names}
     choice = choose(target, figures, by_round)

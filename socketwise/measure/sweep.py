@@ -336,16 +336,24 @@ class Sweep:
         self.started, self.steps_done = time.monotonic(), 0
         self.steps_planned = planned_steps * self.hosts
 
-    def measure(self, layout: str, steps: list[dict], batch: str) -> dict[str, dict[str, dict]]:
-        """Run `steps` on `layout` (deploying it first if needed): {host: {step: bench}}."""
+    def measure(
+        self, layout: str, steps: list[dict], batch: str, fresh: bool = False
+    ) -> dict[str, dict[str, dict]]:
+        """Run `steps` on `layout` (deploying it first if needed): {host: {step: bench}}.
+
+        Every deploy restarts the layout's servers (vllm_service_fresh_start), changed or
+        not, so none starts its steps with the prompts of an earlier run in its prefix
+        cache; FRESH restarts a layout already deployed (a round that begins on the layout
+        the last one ended on, the steps after a flat-out run)."""
         # Another name for the variables deployed (a calibration's choice) needs no deploy.
-        if self.deployed is None or self.layouts[self.deployed] != self.layouts[layout]:
-            self._say(f"{layout}: deploying")
+        if fresh or self.deployed is None or self.layouts[self.deployed] != self.layouts[layout]:
+            self._say(f"{layout}: {'restarting' if self.deployed == layout else 'deploying'}")
             artifacts = self.run_dir / "artifacts" / layout
-            _runner("deploy.yml", self.inventory, self.layouts[layout], artifacts, limit=self.limit)
+            variables = self.layouts[layout] | {"vllm_service_fresh_start": True}
+            _runner("deploy.yml", self.inventory, variables, artifacts, limit=self.limit)
             self.deployed = layout
-            # A server just started answers its first requests slower: without this the
-            # first layout (warmed by its calibration) would be measured warm, the rest cold.
+            # A server just started answers its first requests slower: its first step
+            # sends some first, left out of its figures.
             steps = [{**steps[0], "warmups": WARMUP_REQUESTS}, *steps[1:]]
         seeds = functools.partial(prompt_seed, self.profile.seed, self.run, layout, batch)
         steps = [{**step, "seed": seeds(step["name"])} for step in steps]
@@ -417,7 +425,8 @@ def run_fixed(experiment: Sweep, layouts: list[str]) -> dict:
     calibration = experiment.drive_flat_out(layouts[0])
     steps = experiment.profile.steps(calibration["max_request_rate"])
     for layout in layouts:
-        experiment.measure(layout, steps, "sweep")
+        # The first starts again after its flat-out run, as every other one starts.
+        experiment.measure(layout, steps, "sweep", fresh=layout == layouts[0])
     return calibration
 
 
@@ -521,8 +530,9 @@ def base_manifest(
         "power and CPU are the served host's",
         "warm_up": "deploy.yml's readiness completion; after every deploy the first step "
         f"sends {WARMUP_REQUESTS} warm-up requests that are not measured (vLLM's benchmark; "
-        "GuideLLM sends none); a flat-out run before the first layout's steps (calibration "
-        "or bracket)",
+        "GuideLLM sends none); every layout's servers are restarted before its steps "
+        "(vllm_service_fresh_start), so none starts with another run's or round's prompts "
+        "in its prefix cache, nor the flat-out run's",
         "hosts": {},
     }
 
