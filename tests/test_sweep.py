@@ -69,7 +69,7 @@ def test_every_layout_starts_its_steps_on_a_server_started_for_them(monkeypatch,
     deploys, batches = [], []
 
     def runner(playbook, inventory, variables, artifacts, on_event=None, limit=None):
-        deploys.append((variables.get("plan_layout"), variables.get("vllm_service_fresh_start")))
+        deploys.append((artifacts.name, variables.get("vllm_service_fresh_start")))
 
     def bench(inventory, layout, steps, run_dir, batch, *rest):
         batches.append((layout, batch, steps[0].get("warmups")))
@@ -87,7 +87,7 @@ def test_every_layout_starts_its_steps_on_a_server_started_for_them(monkeypatch,
     run_fixed(experiment, ["baseline", "sn"])
     # Every deploy restarts, changed or not (a host may already serve the first layout);
     # the first layout again after its flat-out run, each one warmed up.
-    assert deploys == [("sn", True)] * 3
+    assert deploys == [("baseline", True), ("baseline", True), ("sn", True)]
     assert batches == [
         ("baseline", "calibration", 4), ("baseline", "sweep", 4), ("sn", "sweep", 4)
     ]  # fmt: skip
