@@ -159,12 +159,18 @@ def test_run_directory_discloses_what_was_measured(run_dir):
         assert (run_dir / "artifacts" / layout / SERVED / "plan.json").exists()
 
 
+def _server_pid(results: Path) -> str:
+    """The vLLM server a batch ran on: the one unit's process placement.txt names."""
+    placement = (results / "placement.txt").read_text()
+    (pid,) = re.findall(r"^== socketwise-vllm-\S+ \(pid (\d+)\)", placement, re.MULTILINE)
+    return pid
+
+
 def assert_journal_shows_the_server_decoding(results: Path) -> None:
     """journal.txt is the servers' journal over the batch: lines of the served host, among
     them the statistics vLLM logs every 10 s from the server placement.txt names, reporting
     tokens generated while a step's load ran."""
-    placement = (results / "placement.txt").read_text()
-    (pid,) = re.findall(r"^== socketwise-vllm-\S+ \(pid (\d+)\)", placement, re.MULTILINE)
+    pid = _server_pid(results)
     lines = [line for line in (results / "journal.txt").read_text().splitlines() if line.strip()]
     # journalctl -o short-iso: TIME HOST UNIT[PID]: MESSAGE (an entry's further lines indented)
     assert lines and {line.split()[1] for line in lines if not line[0].isspace()} == {SERVED}
@@ -255,11 +261,10 @@ def test_no_step_sent_the_prompts_of_an_earlier_one(run_dir):
 
     # Nor did a round start on a server that had answered the flat-out run's prompts: each
     # layout's round ran on a server of its own (placement.txt names the unit's process).
-    def server(layout: str, batch: str) -> str:
-        placement = run_dir / "hosts" / SERVED / layout / batch / "placement.txt"
-        return re.search(r"\(pid (\d+)\)", placement.read_text()).group(1)
-
-    servers = [server("baseline", "calibration")] + [server(x, "round-1") for x in VARIANTS]
+    served = run_dir / "hosts" / SERVED
+    servers = [_server_pid(served / "baseline" / "calibration")] + [
+        _server_pid(served / x / "round-1") for x in VARIANTS
+    ]
     assert len(set(servers)) == len(servers), servers
 
 
