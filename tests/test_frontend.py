@@ -80,59 +80,6 @@ def test_the_front_end_moves_to_its_cores_and_the_scheduler_to_the_engines(serve
     ]
 
 
-def _nice(pid: int) -> int:
-    """A thread's nice (/proc/PID/stat's 19th field; the name may hold spaces)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rpartition(")")[2].split()[16])
-
-
-@pytest.fixture
-def server_first():
-    """The server as a unit at the plan's frontend_nice starts it (-10: root only)."""
-    api = subprocess.Popen(
-        [sys.executable, "-c", API, ENGINE, WORKER], preexec_fn=lambda: os.nice(-10)
-    )
-    yield api.pid
-    for pid in reversed(process_tree(api.pid)):
-        os.kill(pid, 9)
-    api.wait()
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process at nice -10 takes root")
-def test_a_scheduler_sharing_the_front_end_s_core_goes_back_to_the_host_s_priority(server_first):
-    # One core kept: the API server and the scheduler share it; the unit starts at the
-    # front end's nice and the engine core and the worker go back to 0.
-    server = server_first
-    said = place(server, FRONT, FRONT, workers=1, timeout=20, engine_nice=0)
-    cpus = _cpus_of(server)
-    assert cpus["api"] == FRONT and cpus["scheduler"] == FRONT
-    named = {p["comm"]: p for p in map(describe, process_tree(server)) if p}
-    assert _nice(server) == -10
-    assert named["VLLM::EngineCor"]["nice"] == named["VLLM::Worker_TP"]["nice"] == 0
-    # Every thread of the engine core, not its main one alone.
-    engine = named["VLLM::EngineCor"]["pid"]
-    assert {_nice(int(t)) for t in os.listdir(f"/proc/{engine}/task")} == {0}
-    assert said.endswith(
-        f"on CPUs {sorted(FRONT)} at nice -10; engine core (pid {engine}) schedules on CPUs "
-        f"{sorted(FRONT)}; engine core and workers at nice 0"
-    )
-    shared = {**_instance(), "engine_cpus": sorted(FRONT), "frontend_nice": -10}
-    processes = list(named.values())
-    assert not [x for x in check_instance(shared, processes) if "nice" in x or "engine core" in x]
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process at nice -10 takes root")
-def test_the_deploy_check_names_a_scheduler_left_at_the_front_end_s_priority(server_first):
-    server = server_first
-    place(server, FRONT, FRONT, workers=1, timeout=20)
-    processes = [p for p in map(describe, process_tree(server)) if p]
-    engine = next(p["pid"] for p in processes if p["comm"] == "VLLM::EngineCor")
-    problems = check_instance(
-        {**_instance(), "engine_cpus": sorted(FRONT), "frontend_nice": -10}, processes
-    )
-    assert f"vllm-sn: process {engine} ({sys.executable}) runs at nice -10, planned 0" in problems
-
-
 def test_the_deploy_check_names_a_front_end_left_on_every_cpu(server):
     time.sleep(2)  # the worker has started; nothing placed
     processes = [p for p in map(describe, process_tree(server)) if p]

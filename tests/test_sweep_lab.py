@@ -224,12 +224,11 @@ def test_the_baseline_is_plain_vllm_placing_itself_behind_the_same_front_door(ru
         assert plain_worker and (plain_worker == sorted(rank["cpus"])) == (kept == 1)
         assert any(lib.startswith("libtcmalloc") for lib in kit["build"]["runtime_libraries"])
         # Plain vLLM leaves its API server and engine core to the kernel; the kit moves
-        # them to the core it keeps (the API server going first there), or leaves them
+        # them to the core it keeps (the scheduler beside the worker), or leaves them
         # where it keeps none.
         planned = kit["plan"]["instances"][0]
         placed = (planned["frontend_cpus"], planned["engine_cpus"])
-        assert placed == (([1], [1]) if kept else ([], []))
-        assert planned["frontend_nice"] == (-10 if kept else 0)
+        assert placed == (([1], [0]) if kept else ([], []))
         assert _front_end(kit) == (placed if kept else ([0, 1], [0, 1]))
     assert _front_end(plain) == ([0, 1], [0, 1])
 

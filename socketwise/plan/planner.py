@@ -49,12 +49,6 @@ DEVICES = ("cpu", "gpu")
 DEFAULT_CROSSOVER = 6.0
 MIN_KV_GB = 1
 KV_FRACTION = 0.75
-# The nice of an instance whose API server shares its one kept core with the scheduler:
-# the unit starts at it and then puts the engine core and workers back at 0, so the API
-# server, which sends every token, goes first on that core, and the scheduler still gets
-# its share beside any other process at the default priority (docs/measurements.md). The
-# front door, on the same core, takes it too.
-FRONT_END_NICE = -10
 
 
 @dataclass(frozen=True)
@@ -462,7 +456,6 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         front = {cpu for node in instance["membind"] for cpu in reserved[node]}
         instance["cpus_allowed"] = sorted(threads | front)
         instance["frontend_cpus"], instance["engine_cpus"] = _front_end(instance, nodes, front)
-        instance["frontend_nice"] = front_end_nice(instance)
     placement = (layout, dp_mode, reason, instances, node_uses)
     return finish_plan(topo, request, build_of_host, *placement)
 
@@ -525,11 +518,11 @@ def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list
     engine core's scheduler thread: ([], []) where no core is kept (both stay on
     `cpus_allowed`). The scheduler runs beside each step of the workers and the API server
     beside each token, so each gets a core of its own where the first rank's node keeps
-    two or more: the last of them is the scheduler's. Where it keeps one, both share it
-    and the front end goes first (FRONT_END_NICE): beside the worker the scheduler cost
-    about a tenth at concurrency 1, and at the API server's priority it left the server
-    too little CPU at concurrency 4 (docs/measurements.md). vLLM's own DP (several engine
-    cores in one unit) leaves the engine cores where they are."""
+    two or more: the last of them is the scheduler's. Where it keeps one, the scheduler
+    goes beside the first rank: with the API server it left the server too little CPU at
+    concurrency 4 (tokens sent in one chunk, half the throughput), beside the worker it
+    cost about a fifth at concurrency 1 (docs/measurements.md). vLLM's own DP (several
+    engine cores in one unit) leaves the engine cores where they are."""
     if not front:
         return [], []
     if instance["data_parallel"] > 1:
@@ -539,15 +532,7 @@ def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list
     kept = [core for core in node.cores if core[0] in front]
     if len(kept) >= 2:
         return sorted(front - set(kept[-1])), sorted(kept[-1])
-    return sorted(front), sorted(front)
-
-
-def front_end_nice(instance: dict) -> int:
-    """The instance unit's nice: FRONT_END_NICE where its scheduler shares the front end's
-    CPUs (the unit then puts its engine core and workers back at the host's default),
-    else 0."""
-    engine = set(instance.get("engine_cpus") or [])
-    return FRONT_END_NICE if engine and engine <= set(instance["frontend_cpus"]) else 0
+    return sorted(front), sorted(first["cpus"])
 
 
 def node_use(node: Node, placed: list[dict]) -> dict:

@@ -3,7 +3,7 @@
 Shipped by the vllm_service role and run by each placed instance's unit once it has
 started (ExecStartPost, in the background), as the service's own user:
 
-    python3 place-frontend.py --pid MAINPID --frontend 1 [--engine 0] --workers 1 [--engine-nice 0]
+    python3 place-frontend.py --pid MAINPID --frontend 1 [--engine 0] --workers 1
 
 vLLM pins only its workers' threads (VLLM_CPU_OMP_THREADS_BIND). Its API server and its
 engine core (the scheduler) are left on every CPU of the unit, so the kernel may run
@@ -14,10 +14,7 @@ parent's CPUs, and each worker's OpenMP binds from there), then moves every thre
 the API server and its other processes, and the engine core's socket threads, to the
 `--frontend` CPUs, and the engine core's main thread (its scheduler loop) to the
 `--engine` CPUs (the plan's `engine_cpus`); without `--engine` the engine core stays
-where it is. With `--engine-nice`, the engine core and the workers go to that nice (a
-unit whose front end shares the scheduler's core starts at a lower one, the plan's
-`frontend_nice`, which the front end keeps). Threads made later take their maker's CPUs
-and priority. Never fails the unit: a worker
+where it is. Threads made later take their maker's CPUs. Never fails the unit: a worker
 that does not come within `--timeout` seconds, or a process gone meanwhile, is one line
 in the journal.
 """
@@ -79,22 +76,8 @@ def pin(pid: int, cpus: set[int], main: set[int] | None = None, proc: Path = Pat
             continue
 
 
-def renice(pid: int, nice: int, proc: Path = Path("/proc")) -> None:
-    """Every thread of PID to NICE (a thread gone meanwhile is skipped)."""
-    for task in (proc / str(pid) / "task").iterdir():
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
-        except ProcessLookupError:
-            continue
-
-
 def place(
-    main_pid: int,
-    frontend: set[int],
-    engine: set[int] | None,
-    workers: int,
-    timeout: float,
-    engine_nice: int | None = None,
+    main_pid: int, frontend: set[int], engine: set[int] | None, workers: int, timeout: float
 ) -> str:
     """Wait for the workers, then place the front end and engine core; says what it did."""
     deadline = time.monotonic() + timeout
@@ -112,29 +95,20 @@ def place(
             )
         time.sleep(0.5)
     placed = {"front end": [], "engine core": []}
-    front_nice = os.getpriority(os.PRIO_PROCESS, main_pid)
     for pid, comm in processes:
         if comm.startswith(WORKER_PREFIX):
-            if engine_nice is not None:
-                renice(pid, engine_nice)
             continue
         if comm.startswith(ENGINE_PREFIX):
             if engine is not None:
                 pin(pid, frontend, main=engine)
                 placed["engine core"].append(pid)
-            if engine_nice is not None:
-                renice(pid, engine_nice)
             continue
         pin(pid, frontend)
         placed["front end"].append(pid)
     said = f"front end (pid {', '.join(map(str, placed['front end']))}) on CPUs {sorted(frontend)}"
-    if engine_nice is not None:
-        said += f" at nice {front_nice}"
     if placed["engine core"]:
         pids = ", ".join(map(str, placed["engine core"]))
         said += f"; engine core (pid {pids}) schedules on CPUs {sorted(engine or ())}"
-    if engine_nice is not None:
-        said += f"; engine core and workers at nice {engine_nice}"
     return said
 
 
@@ -145,12 +119,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--engine", type=cpu_list, help="the engine core's CPUs")
     parser.add_argument("--workers", type=int, default=1, help="workers to wait for")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for them")
-    parser.add_argument("--engine-nice", type=int, help="the engine core's and workers' nice")
     args = parser.parse_args(argv)
     try:
-        said = place(
-            args.pid, args.frontend, args.engine, args.workers, args.timeout, args.engine_nice
-        )
+        said = place(args.pid, args.frontend, args.engine, args.workers, args.timeout)
     except OSError as error:
         said = f"nothing placed: {error}"
     print(f"socketwise: {said}", flush=True)

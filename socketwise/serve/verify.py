@@ -33,15 +33,12 @@ def process_tree(main_pid: int, proc: Path = Path("/proc")) -> list[int]:
 
 
 def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
-    """Name, title, process affinity and nice (its main thread's), and the CPUs its threads
-    are allowed (None if gone)."""
+    """Name, title, process affinity and the CPUs its threads are allowed (None if gone)."""
     base = proc / str(pid)
     try:
         comm = (base / "comm").read_text().strip()
         title = (base / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         allowed = parse_cpulist(_status_field(base / "status", "Cpus_allowed_list"))
-        # stat's 19th field; the name before it may hold spaces and parentheses.
-        nice = int((base / "stat").read_text().rpartition(")")[2].split()[16])
         thread_cpus: set[int] = set()
         for task in (base / "task").iterdir():
             thread_cpus |= set(parse_cpulist(_status_field(task / "status", "Cpus_allowed_list")))
@@ -52,7 +49,6 @@ def describe(pid: int, proc: Path = Path("/proc")) -> dict | None:
         "comm": comm,
         "title": title,
         "cpus_allowed": allowed,
-        "nice": nice,
         "thread_cpus": sorted(thread_cpus),
     }
 
@@ -138,22 +134,13 @@ def check_instance(instance: dict, processes: list[dict]) -> list[str]:
 def _front_end_problems(instance: dict, processes: list[dict]) -> list[str]:
     """Where the plan keeps CPUs for the front end (`frontend_cpus`), the API server's
     threads and its other processes' run on them, and an engine core's main thread on
-    `engine_cpus`; where the plan gives the front end a nice of its own (`frontend_nice`),
-    the front end runs at it and the engine core and workers at 0 (frontend.py placed
-    them when the unit started)."""
+    `engine_cpus` (frontend.py placed them when the unit started)."""
     frontend = sorted(instance.get("frontend_cpus") or [])
     engine = sorted(instance.get("engine_cpus") or [])
     if not frontend:
         return []
-    front_nice = instance.get("frontend_nice") or 0
     problems = []
     for process in processes:
-        nice = 0 if process["comm"].startswith((WORKER_PREFIX, ENGINE_PREFIX)) else front_nice
-        if front_nice and process["nice"] != nice:
-            problems.append(
-                f"{instance['name']}: process {process['pid']} ({process['title']}) runs at "
-                f"nice {process['nice']}, planned {nice}"
-            )
         if process["comm"].startswith(WORKER_PREFIX):
             continue
         if process["comm"].startswith(ENGINE_PREFIX):
