@@ -11,6 +11,7 @@ root-only files, and a cluster that heals by itself when a host's stage dies.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterator
@@ -183,12 +184,18 @@ def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
 
 
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
-    started = {h: show(cluster, h, "ExecMainPID") for h in ("cluster1", "cluster2")}
-    done = cluster.deploy(["cluster1", "cluster2"])
+    hosts = ["cluster1", "cluster2"]
+    started = {h: show(cluster, h, "ExecMainPID") for h in hosts}
+    # The stage's unit before, so a failure says what a second deploy rendered otherwise
+    # (the unit holds no secret: they come from its EnvironmentFile).
+    before = {h: cluster.on(h, f"cat /etc/systemd/system/{STAGE_UNIT}") for h in hosts}
+    done = cluster.deploy(hosts)
     assert done.returncode == 0, done.output[-3000:]
-    for host in ("cluster1", "cluster2"):
-        assert done.recap(host)["changed"] == 0, (host, done.changed_tasks(host))
-    assert {h: show(cluster, h, "ExecMainPID") for h in ("cluster1", "cluster2")} == started
+    for host in hosts:
+        after = cluster.on(host, f"cat /etc/systemd/system/{STAGE_UNIT}")
+        changed = difflib.unified_diff(before[host].splitlines(), after.splitlines(), lineterm="")
+        assert done.recap(host)["changed"] == 0, (host, done.changed_tasks(host), [*changed])
+    assert {h: show(cluster, h, "ExecMainPID") for h in hosts} == started
 
 
 def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
