@@ -56,6 +56,11 @@ def show(cluster: Cluster, host: str, prop: str) -> str:
     return cluster.on(host, f"systemctl show -p {prop} --value {STAGE_UNIT}")
 
 
+def stage_unit(cluster: Cluster, host: str) -> str:
+    """The stage's unit file on HOST as the deploy wrote it."""
+    return cluster.on(host, f"cat /etc/systemd/system/{STAGE_UNIT}")
+
+
 def stage_pids(cluster: Cluster, host: str) -> list[str]:
     """The stage's main process and every process under it."""
     tree = cluster.on(
@@ -148,7 +153,7 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
             if set(re.findall(r"pid=(\d+)", line)) & pids:
                 address = line.split()[3].rsplit(":", 1)[0]
                 assert address.startswith(("127.", "[::ffff:127.")), (host, line)
-        unit = cluster.on(host, f"cat /etc/systemd/system/{STAGE_UNIT}")
+        unit = stage_unit(cluster, host)
         assert "IPAddressDeny=any" in unit
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
 
@@ -188,13 +193,14 @@ def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_host
     started = {h: show(cluster, h, "ExecMainPID") for h in hosts}
     # The stage's unit before, so a failure says what a second deploy rendered otherwise
     # (the unit holds no secret: they come from its EnvironmentFile).
-    before = {h: cluster.on(h, f"cat /etc/systemd/system/{STAGE_UNIT}") for h in hosts}
+    before = {h: stage_unit(cluster, h) for h in hosts}
     done = cluster.deploy(hosts)
     assert done.returncode == 0, done.output[-3000:]
     for host in hosts:
-        after = cluster.on(host, f"cat /etc/systemd/system/{STAGE_UNIT}")
-        changed = difflib.unified_diff(before[host].splitlines(), after.splitlines(), lineterm="")
-        assert done.recap(host)["changed"] == 0, (host, done.changed_tasks(host), [*changed])
+        after = stage_unit(cluster, host).splitlines()
+        changed = difflib.unified_diff(before[host].splitlines(), after, lineterm="")
+        said = f"{host}: {done.changed_tasks(host)}\n" + "\n".join(changed)
+        assert done.recap(host)["changed"] == 0, said
     assert {h: show(cluster, h, "ExecMainPID") for h in hosts} == started
 
 
