@@ -208,7 +208,7 @@ def _bench(
 
     PREPARE_LOADGEN false skips the install checks of the load generators, of a host
     that loads itself, of the runner and of sysbench: the batches after a run's first find
-    them installed by it (about 20 s of Ansible a batch with a load generator, 6 s on a
+    them installed by it (about 20 s of Ansible a batch with a load generator, 6.5 s on a
     lab host that loads itself).
     VARIABLES select the layout (default LAYOUTS[layout]); LIMIT, the hosts (with their
     load generators).
