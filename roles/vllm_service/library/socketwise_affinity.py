@@ -11,9 +11,9 @@ description:
     C(Cpus_allowed_list) of every process and thread from C(/proc).
   - Each planned rank must be served by one C(VLLM::Worker*) process whose threads run
     on exactly the rank's CPUs; no process of the unit may run outside C(cpus_allowed).
-  - Where the plan keeps cores for the front end (C(frontend_cpus)), a venv's API server
-    and its other processes must run on them, and its engine core's scheduler (its main
-    thread) on C(engine_cpus).
+  - Where the plan keeps cores for the front end (C(frontend_cpus)) and the units moved
+    it there (C(frontend)), the API server and its other processes must run on them,
+    and its engine core's scheduler (its main thread) on C(engine_cpus).
   - Reads the shared libraries the unit's processes map (C(/proc/PID/maps)) to say
     which vLLM platform (C(ZenCpuPlatform) when zentorch is loaded, else C(CpuPlatform)),
     which kernel library (C(_C), C(_C_AVX512), C(_C_AVX2)) and which preloads really run.
@@ -45,6 +45,13 @@ options:
       the container's processes (its PID from C(podman inspect)), not Podman's.
     type: bool
     default: false
+  frontend:
+    description: >-
+      The units moved each instance's front end to its C(frontend_cpus) (and its
+      scheduler to C(engine_cpus)): check that they run there. False where the units
+      leave them where vLLM starts them (an image's server, in its container's CPU set).
+    type: bool
+    default: true
 author: socketwise
 """
 
@@ -88,6 +95,7 @@ def main():
             "unit_prefix": {"type": "str", "default": "socketwise-"},
             "containers": {"type": "bool", "default": False},
             "compare": {"type": "bool", "default": True},
+            "frontend": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -113,9 +121,7 @@ def main():
         processes = [p for p in map(describe, pids) if p]
         loaded = runtime(pids)
         if module.params["compare"]:
-            # An image's server is not moved to the front end's cores (its container is
-            # the unit's whole CPU set): only a venv's is checked there.
-            planned = {**instance, "frontend_cpus": []} if module.params["containers"] else instance
+            planned = instance if module.params["frontend"] else {**instance, "frontend_cpus": []}
             problems += check_instance(planned, processes)
             problems += missing_preloads(instance["name"], module.params["preload"], loaded)
         report.append(
