@@ -77,6 +77,13 @@ def test_the_scripts_want_hosts_to_sweep_or_sweeps_made_not_both():
             assert done.returncode == 2 and "give -i INVENTORY" in done.stderr, (name, args)
 
 
+def test_plain_vllm_against_itself_is_swept_not_read_from_sweeps_made():
+    # A sweep made holds the kit's layout where the second plain vLLM would be.
+    done = script("kit-vs-baseline", "--plain-twice", "--from", str(RUN))
+    assert done.returncode == 2
+    assert "--plain-twice sweeps plain vLLM twice: not with --from" in done.stderr
+
+
 def test_the_rollout_rate_search_halves_towards_the_highest_rate_that_passes():
     path = str(REPO / "scripts" / "rollout-timing")
     loader = importlib.machinery.SourceFileLoader("rollout_timing", path)

@@ -12,6 +12,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from socketwise.common import paths
+from socketwise.measure.rundir import BASELINE
+from socketwise.measure.sweep import (
+    LAYOUTS,
+    Profile,
+    Sweep,
+    SweepError,
+    base_manifest,
+    finish,
+    run_fixed,
+)
+
+# Plain vLLM once more, under another name: a comparison of plain vLLM against itself
+# (plain_twice_rows). The one variable more, which every deploy of a sweep sets anyway,
+# makes the two differ, so the sweep deploys (restarts) it for its own steps as it would
+# the kit's layout, instead of measuring it on the first one's server.
+PLAIN_AGAIN = "plain-again"
 
 # summary.csv's figures a comparison prints: throughput, then latency. Not ITL: with a
 # small model vLLM CPU streams several tokens a chunk and ITL's median is 0.
@@ -37,6 +53,29 @@ def closed_loop_rows(
     )  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"{who}: the sweep failed:\n{done.stderr[-3000:]}")
+    return read_closed_loop_rows(run_dir)
+
+
+def plain_twice_rows(
+    inventory: Path, order: list[str], run_dir: Path, profile: Profile, who: str
+) -> list[dict]:
+    """One fixed sweep, as closed_loop_rows makes, of plain vLLM and PLAIN_AGAIN in ORDER
+    (a layout the sweep's command does not know, so it runs in this process); its
+    closed-loop rows. Exits with WHO's name and the error when it fails."""
+    layouts = {
+        BASELINE: LAYOUTS[BASELINE],
+        PLAIN_AGAIN: {**LAYOUTS[BASELINE], "vllm_service_fresh_start": True},
+    }
+    experiment = Sweep(
+        inventory, run_dir, profile, 1 + len(profile.steps(1.0)) * len(order), layouts=layouts
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    manifest = base_manifest(inventory, order, "fixed", profile, "vllm")
+    try:
+        manifest["calibration"] = run_fixed(experiment, order)
+    except SweepError as exc:
+        sys.exit(f"{who}: the sweep failed: {exc}")
+    finish(run_dir, manifest, experiment.summary, experiment.power)
     return read_closed_loop_rows(run_dir)
 
 
