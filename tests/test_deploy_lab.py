@@ -561,20 +561,13 @@ def test_a_benchmark_directory_outside_the_kit_s_own_is_refused(machine, artifac
 def test_a_restart_the_deploy_asks_for_is_not_counted_as_a_crash(machine, artifacts, key):
     unit = "socketwise-vllm-sn.service"
     # Five starts inside the unit's window, its StartLimitBurst, as a sweep's rounds or
-    # repeated deploys make them (each restart is stopped again while vLLM imports).
+    # repeated deploys make them (each stopped again while vLLM imports, which is quick).
     on_host(machine, f"systemctl reset-failed {unit}; for i in 1 2 3 4 5; do"
-            f" systemctl restart {unit} && sleep 1; done")  # fmt: skip
-    # Serving before the sixth: a vLLM stopped halfway through its start waits out
-    # TimeoutStopSec (60 s), which a deploy's restart of a server that serves does not.
-    deadline = time.monotonic() + 300
-    while frontdoor.call(ADDRESS, 8000, "/v1/models", key)[0] != 200:
-        assert time.monotonic() < deadline, "no answer through the front door after 300 s"
-        time.sleep(2)
-    before = on_host(machine, f"systemctl show -p MainPID --value {unit}")
-    # A sixth, with the unit unchanged: the deploy restarts it and it serves.
+            f" systemctl restart {unit} && sleep 1; done; systemctl stop {unit}")  # fmt: skip
+    # A sixth, with the unit unchanged: the deploy's restart starts it and it serves.
     run = deploy(artifacts, "-e", "plan_layout=sn", "-e", "vllm_service_fresh_start=true")
     assert run.returncode == 0, run.output[-4000:]
-    assert on_host(machine, f"systemctl show -p MainPID --value {unit}") != before
+    assert on_host(machine, f"systemctl is-active {unit}") == "active"
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
 
 
