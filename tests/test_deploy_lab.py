@@ -1,10 +1,11 @@
 """End to end on a real systemd host: deploy.yml serves SN, DP-2, TP-2 and vLLM's own
 DP-2 on a 2-core lab machine, each behind the front door (HAProxy, the API key, the
 route allow list) and answering a real completion, with every worker thread where the
-plan put it; the units are sandboxed, stop after repeated failed starts, and the key
-shows nowhere but its root-only files; bad input stops before the host changes.
+plan put it; the units are sandboxed, stop after repeated failed starts but not after
+the deploy's own restarts, and the key shows nowhere but its root-only files; bad input
+stops before the host changes.
 
-Slow (a vLLM install and five server starts): marked `lab`. The tests run in file
+Slow (a vLLM install and six server starts): marked `lab`. The tests run in file
 order on one machine, as a user would change layouts on one host, and the security
 checks are asserted against those same deployments. SN starts as a user's first deploy
 does, with torch compile; DP-2, TP-2 and vLLM's DP-2 start in eager mode (20 s instead of
