@@ -13,15 +13,7 @@ from pathlib import Path
 
 from socketwise.common import paths
 from socketwise.measure.rundir import BASELINE
-from socketwise.measure.sweep import (
-    LAYOUTS,
-    Profile,
-    Sweep,
-    SweepError,
-    base_manifest,
-    finish,
-    run_fixed,
-)
+from socketwise.measure.sweep import LAYOUTS, Profile, SweepError, sweep
 
 # Plain vLLM once more, under another name: a comparison of plain vLLM against itself
 # (plain_twice_rows). The one variable more, which every deploy of a sweep sets anyway,
@@ -62,20 +54,14 @@ def plain_twice_rows(
     """One fixed sweep, as closed_loop_rows makes, of plain vLLM and PLAIN_AGAIN in ORDER
     (a layout the sweep's command does not know, so it runs in this process); its
     closed-loop rows. Exits with WHO's name and the error when it fails."""
-    layouts = {
+    known = {
         BASELINE: LAYOUTS[BASELINE],
         PLAIN_AGAIN: {**LAYOUTS[BASELINE], "vllm_service_fresh_start": True},
     }
-    experiment = Sweep(
-        inventory, run_dir, profile, 1 + len(profile.steps(1.0)) * len(order), layouts=layouts
-    )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    manifest = base_manifest(inventory, order, "fixed", profile, "vllm")
     try:
-        manifest["calibration"] = run_fixed(experiment, order)
+        sweep(inventory, order, run_dir, profile, restore=False, known=known)
     except SweepError as exc:
         sys.exit(f"{who}: the sweep failed: {exc}")
-    finish(run_dir, manifest, experiment.summary, experiment.power)
     return read_closed_loop_rows(run_dir)
 
 

@@ -548,15 +548,20 @@ def sweep(
     mode: str = "fixed",
     rounds: int = 2,
     tool: str = "vllm",
+    known: dict[str, dict] | None = None,
 ) -> Path:
-    unknown = [name for name in layouts if name not in LAYOUTS]
+    """KNOWN names the layouts LAYOUTS may be taken from (default the sweep's own)."""
+    known = LAYOUTS if known is None else known
+    unknown = [name for name in layouts if name not in known]
     if unknown:
-        raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(LAYOUTS)}")
+        raise SweepError(f"unknown layout(s) {unknown}; choose from {', '.join(known)}")
     if mode not in ("fixed", "adaptive"):
         raise SweepError(f"unknown mode {mode!r}; choose fixed or adaptive")
     check_tool(tool)
     per_layout = len(profile.steps(1.0)) if mode == "fixed" else 2 + rounds
-    experiment = Sweep(inventory, run_dir, profile, 1 + per_layout * len(layouts), tool)
+    experiment = Sweep(
+        inventory, run_dir, profile, 1 + per_layout * len(layouts), tool, layouts=known
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = base_manifest(inventory, layouts, mode, profile, tool)
     if mode == "fixed":
