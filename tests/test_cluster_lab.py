@@ -44,9 +44,24 @@ from .clusters import (
     table,
     tables_of,
 )
-from .playbooks import BIN, REPO, PlaybookRun
+from .playbooks import BIN, REPO, PlaybookRun, run_playbook
 
 pytestmark = pytest.mark.lab
+
+
+# The cluster's readiness of its filters, alone: the port_filter role's check on each member.
+FILTERED = """
+- name: Check that the engine ports are kept to the members
+  hosts: cluster_a
+  gather_facts: false
+  tasks:
+    - name: Check the table
+      ansible.builtin.include_role:
+        name: port_filter
+        tasks_from: loaded
+      vars:
+        port_filter_name: cluster
+"""
 
 
 def buffers_mib(cluster: Cluster) -> dict[str, float]:
@@ -220,11 +235,63 @@ def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
     assert knock(worker, RPC_PORT, head) == "connected"
 
 
-def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
+# Debian's nftables.service on cluster2, with a configuration that removes cluster2's
+# table alone and a stop that does the same: its own flush ruleset would also remove the
+# tables of the other members and of the other test worker's lab, which share this one
+# network. What systemd runs after it (the kit's drop-in) is the host's own.
+NFTABLES_CONF = "table inet {table}\ndelete table inet {table}\n"
+NFTABLES_STOP = "[Service]\nExecStop=\nExecStop=/usr/sbin/nft -f /etc/nftables.conf\n"
+
+
+def test_the_filter_comes_back_when_the_hosts_firewall_service_flushes_it(
+    cluster: Cluster, two_hosts
+):
+    worker = cluster.cluster_address("cluster2")
+    conf = NFTABLES_CONF.format(table=table("cluster2"))
+    cluster.on("cluster2", "cp -a /etc/nftables.conf /root/nftables.conf.kept")
+    cluster.on("cluster2", "mkdir -p /run/systemd/system/nftables.service.d")
+    cluster.on(
+        "cluster2", f"printf '{NFTABLES_STOP}' > /run/systemd/system/nftables.service.d/lab.conf"
+    )
+    cluster.on("cluster2", f"printf '{conf}' > /etc/nftables.conf && systemctl daemon-reload")
+    try:
+        for action in ("start", "reload", "stop"):
+            cluster.on("cluster2", f"systemctl {action} nftables.service")
+            cluster.wait_for(
+                f"cluster2's table back after nftables.service {action}",
+                lambda: table("cluster2") in tables_of(["cluster2"]),
+                timeout=15,
+            )
+            assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError", action
+    finally:
+        cluster.on(
+            "cluster2",
+            "systemctl stop nftables.service; mv /root/nftables.conf.kept /etc/nftables.conf",
+        )
+        cluster.on(
+            "cluster2", "rm -r /run/systemd/system/nftables.service.d; systemctl daemon-reload"
+        )
+
+
+def test_a_second_deploy_loads_a_deleted_table_and_restarts_nothing(cluster: Cluster, two_hosts):
     started = cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}")
+    worker = cluster.cluster_address("cluster2")
+    # What a flush of cluster2's host would leave: its table gone, its unit still active.
+    cluster.on("cluster2", f"nft delete table inet {table('cluster2')}")
+    assert knock(worker, RPC_PORT, STRANGER) == "connected"
+    readiness = cluster.work / "filtered.yml"
+    readiness.write_text(FILTERED)
+    checked = run_playbook(str(readiness), "-i", str(cluster.inventory(["cluster1", "cluster2"])))
+    assert checked.returncode != 0, checked.output[-3000:]
+    assert f"cluster2: the nftables table {table('cluster2')} is not loaded" in checked.output
+    assert checked.recap("cluster1")["failed"] == 0
     done = cluster.deploy(["cluster1", "cluster2"])
     assert done.returncode == 0, done.output[-3000:]
-    assert done.recap("cluster1")["changed"] == 0 and done.recap("cluster2")["changed"] == 0
+    # The table loaded again, one change on cluster2 (its unit's reload); nothing else.
+    assert done.recap("cluster1")["changed"] == 0, done.changed_tasks("cluster1")
+    assert done.changed_tasks("cluster2") == ["port_filter : Load the table"]
+    assert table("cluster2") in tables_of(["cluster2"])
+    assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError"
     assert cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}") == started
 
 

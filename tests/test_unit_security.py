@@ -21,10 +21,12 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -51,17 +53,19 @@ MEMBERS = {"head": "10.0.0.1", "follower": "10.0.0.2"}
 HYBRID_HOST = ("gpu", "10.0.0.3")
 DEEPSEEK = {"model_gb": 404, "layers": 61, "expert_gb": 392, "dense_layers": 3}
 EPHEMERAL = (32768, 60999)
-# The cluster's filter of engine ports and the unit that loads it, with its fixed cap.
+# The port_filter role's templates: the cluster's filter of engine ports and the unit that
+# loads it, with its fixed cap; a monitored host's filter of its metrics door; and the
+# drop-in that has the host's nftables.service load them again after it flushes.
 FIREWALL = [
-    ("cluster-firewall.nft.j2", "firewall.nft"),
-    ("socketwise-cluster-firewall.service.j2", "socketwise-cluster-firewall.service"),
+    ("port-filter.nft.j2", "firewall.nft"),
+    ("socketwise-port-filter.service.j2", "socketwise-cluster-firewall.service"),
 ]
 FIREWALL_CAP = ("256M", "16")
-# A monitored host's filter of its metrics door, and its unit.
 METRICS_FIREWALL = [
-    ("metrics-firewall.nft.j2", "metrics-firewall.nft"),
-    ("socketwise-metrics-firewall.service.j2", "socketwise-metrics-firewall.service"),
+    ("port-filter.nft.j2", "metrics-firewall.nft"),
+    ("socketwise-port-filter.service.j2", "socketwise-metrics-firewall.service"),
 ]
+NFTABLES_DROPIN = ("nftables-socketwise.conf.j2", "nftables-socketwise.conf")
 # llama.cpp's cluster model, as socketwise.plan.modelfile.describe reports a GGUF: 32 layers
 # of 8 KV heads of 128, f16 keys and values.
 GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
@@ -206,7 +210,7 @@ def rendered(tmp_path_factory) -> Rendered:
         "__cluster_model_info": GGUF | {"kv_bytes_per_token": GGUF_KV_BYTES_PER_TOKEN},
         # What check.yml read on the members: root may load nftables, and the kernel's
         # ephemeral port range.
-        "__cluster_nftables": True,
+        "port_filter_nftables": True,
         "__cluster_ephemeral": list(EPHEMERAL),
     }
     (directory / "values.json").write_text(json.dumps(values))
@@ -253,11 +257,15 @@ def rendered(tmp_path_factory) -> Rendered:
             expected[f"{prefix}socketwise-{instance['name']}.service"] = vllm(
                 weights, instance, allowed
             )
+    # The port_filter role's variables as the cluster and a monitored host give them.
+    cluster_filter = _task_vars(
+        "roles/cluster/tasks/main.yml", "Keep this host's engine ports to the members"
+    ) | {"socketwise_cluster_plan": pp}
     for host in MEMBERS:
         name = f"{host}-socketwise-pp-vllm.service"
         tasks.append(_task(name, "vllm-pp.service.j2", host, {"socketwise_cluster_plan": pp}))
         for template, dest in FIREWALL:
-            tasks.append(_task(f"{host}-{dest}", template, host, {"socketwise_cluster_plan": pp}))
+            tasks.append(_task(f"{host}-{dest}", template, host, cluster_filter))
         expected[f"{host}-{FIREWALL[1][1]}"] = FIREWALL_CAP
         entry = next(e for e in pp["hosts"] if e["host"] == host)
         stage = entry["stage"]
@@ -295,8 +303,16 @@ def rendered(tmp_path_factory) -> Rendered:
     # The head's metrics door, which its follower's address (a monitor's) may reach.
     monitored = {"vllm_service_metrics_address": MEMBERS["head"],
                  "__vllm_service_metrics_sources": [MEMBERS["follower"]]}  # fmt: skip
+    metrics_filter = (
+        _task_vars(
+            "roles/vllm_service/tasks/exporter.yml",
+            "Keep the metrics door to the monitor hosts in the kernel too",
+        )
+        | monitored
+    )
     for template, dest in METRICS_FIREWALL:
-        tasks.append(_task(f"head-{dest}", template, "head", monitored))
+        tasks.append(_task(f"head-{dest}", template, "head", metrics_filter))
+    tasks.append(_task(NFTABLES_DROPIN[1], NFTABLES_DROPIN[0], "head", metrics_filter))
     expected[f"head-{METRICS_FIREWALL[1][1]}"] = FIREWALL_CAP
     tasks += [
         _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
@@ -320,7 +336,7 @@ def rendered(tmp_path_factory) -> Rendered:
         "gather_facts": False,
         "vars_files": [
             str(ROLES / role / kind / "main.yml")
-            for role in ("vllm", "vllm_service", "cluster")
+            for role in ("vllm", "vllm_service", "cluster", "port_filter")
             for kind in ("defaults", "vars")
         ]
         + [str(directory / "values.json")],
@@ -540,6 +556,120 @@ def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
     assert seen[f"{STRANGER} 29501"] == "ConnectionRefusedError", seen
     assert seen[f"{STRANGER} {ports[1]}"] == "ConnectionRefusedError", seen
     assert seen[f"{STRANGER} 8000"] == "connected", seen
+
+
+# The host's firewall service as Debian ships it: it flushes the whole ruleset when it
+# starts and reloads (/etc/nftables.conf begins with flush ruleset) and when it stops.
+NFTABLES_SERVICE = Path("/lib/systemd/system/nftables.service")
+NFTABLES_CONF = """flush ruleset
+table inet filter {
+	chain input {
+		type filter hook input priority filter;
+	}
+}
+"""
+
+
+def exec_lines(text: str, key: str) -> list[str]:
+    """A unit's KEY= command lines in order, systemd's prefixes (-, +, @, !) dropped."""
+    return [line.lstrip("-+@!:") for line in re.findall(rf"^{key}=(.+)$", text, re.MULTILINE)]
+
+
+def as_shell(command: str, units: dict[str, str], conf: Path) -> list[str]:
+    """COMMAND as the test's network namespace runs it: nft as it is (Debian's configuration
+    at CONF), a systemctl call as systemd would run it on the loaded UNITS ({name: text})
+    that match its patterns: a reload runs ExecReload=, a restart ExecStop= then ExecStart=."""
+    argv = shlex.split(command)
+    if Path(argv[0]).name != "systemctl":
+        return [command.replace("/etc/nftables.conf", str(conf))]
+    verb, *patterns = [word for word in argv[1:] if not word.startswith("-")]
+    matched = [text for name, text in units.items() if any(fnmatch(name, p) for p in patterns)]
+    if verb in ("reload", "try-reload-or-restart", "reload-or-restart"):
+        return [line for text in matched for line in exec_lines(text, "ExecReload")]
+    assert verb in ("restart", "try-restart"), command
+    return [
+        line
+        for text in matched
+        for line in exec_lines(text, "ExecStop") + exec_lines(text, "ExecStart")
+    ]
+
+
+@NEEDS_NFT
+@pytest.mark.skipif(not NFTABLES_SERVICE.exists(), reason="needs Debian's nftables.service")
+def test_the_filters_come_back_after_the_hosts_nftables_service_flushes_the_ruleset(
+    rendered, tmp_path
+):
+    """The head's two tables loaded by their units, then what the host's nftables.service
+    runs on start, on reload and on stop, with the kit's drop-in after its own commands as
+    systemd orders them: after each, both tables are back and the stranger is reset again
+    on the rendezvous and the metrics door. Without the drop-in the flush leaves both ports
+    open (the test shows that first)."""
+    service = NFTABLES_SERVICE.read_text()
+    dropin = (rendered.directory / NFTABLES_DROPIN[1]).read_text()
+    conf = tmp_path / "nftables.conf"
+    conf.write_text(NFTABLES_CONF)
+    units = {
+        name.removeprefix("head-"): rendered.units[name].read_text()
+        for name in (
+            "head-socketwise-cluster-firewall.service",
+            "head-socketwise-metrics-firewall.service",
+        )
+    }
+    # The rules files where the units read them: the namespace's own /etc/socketwise.
+    rules = {"/etc/socketwise/cluster/firewall.nft": "head-firewall.nft",
+             "/etc/socketwise/metrics-firewall.nft": "head-metrics-firewall.nft"}  # fmt: skip
+    for path in rules:
+        assert any(path in text for text in units.values()), path
+
+    def shell(lines: list[str]) -> str:
+        for path, name in rules.items():
+            lines = [line.replace(path, str(rendered.directory / name)) for line in lines]
+        return "\n".join(lines)
+
+    addresses = " ".join([*MEMBERS.values(), STRANGER])
+    knock = f"{sys.executable} -c '{SERVE_AND_KNOCK}' {addresses} 29501 9180"
+    tables = "echo \"$(nft list tables | grep -c 'socketwise_' || true)\""
+    actions = {
+        "flushed": exec_lines(service, "ExecReload"),
+        "start": exec_lines(service, "ExecStart") + exec_lines(dropin, "ExecStartPost"),
+        "reload": exec_lines(service, "ExecReload") + exec_lines(dropin, "ExecReload"),
+        "stop": exec_lines(service, "ExecStop") + exec_lines(dropin, "ExecStopPost"),
+    }
+    loaded = [line for text in units.values() for line in exec_lines(text, "ExecStart")]
+    script = ["set -e", "ip link set lo up",
+              *(f"ip addr add {a}/32 dev lo" for a in [*MEMBERS.values(), STRANGER])]  # fmt: skip
+    for action, commands in actions.items():
+        steps = [line for command in commands for line in as_shell(command, units, conf)]
+        script += [shell(loaded), shell(steps), f"echo {action}", tables, knock]
+    done = subprocess.run(
+        ["unshare", "--net", "sh", "-c", "\n".join(script)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    seen = {out[i]: (int(out[i + 1]), json.loads(out[i + 2])) for i in range(0, len(out), 3)}
+    count, open_door = seen.pop("flushed")
+    assert count == 0 and open_door[f"{STRANGER} 29501"] == "connected", open_door
+    for action, (count, knocks) in seen.items():
+        assert count == 2, action
+        assert knocks[f"{STRANGER} 29501"] == "ConnectionRefusedError", (action, knocks)
+        assert knocks[f"{STRANGER} 9180"] == "ConnectionRefusedError", (action, knocks)
+        assert knocks[f"{MEMBERS['follower']} 29501"] == "connected", (action, knocks)
+        assert knocks[f"{MEMBERS['follower']} 9180"] == "connected", (action, knocks)
+
+
+@pytest.mark.skipif(not NFTABLES_SERVICE.exists(), reason="needs Debian's nftables.service")
+def test_the_nftables_drop_in_passes_systemd_analyze_verify(rendered, tmp_path):
+    (tmp_path / "nftables.service").write_text(NFTABLES_SERVICE.read_text())
+    (tmp_path / "nftables.service.d").mkdir()
+    (tmp_path / "nftables.service.d/socketwise.conf").write_text(
+        (rendered.directory / NFTABLES_DROPIN[1]).read_text()
+    )
+    env = os.environ | {"SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "nftables.service")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
 
 
 def test_a_hybrid_server_opens_only_its_gpu_and_runs_the_plans_flags(rendered):
