@@ -13,6 +13,7 @@ address, vLLM's own key check behind the door, TLS.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
@@ -841,20 +842,31 @@ def test_a_tls_door_answers_no_plain_http(front, door):
         connection.close()
 
 
-def curl(front: FrontDoors, door: str, *args: str) -> tuple[str, list[Seen]]:
+def curl(
+    front: FrontDoors, door: str, *args: str, stdin: tuple[float, int] | None = None
+) -> tuple[str, list[Seen]]:
     """curl (built with nghttp2) against DOOR: '<status> <HTTP version>' as curl saw them,
-    and the requests of it that reached the server."""
+    and the requests of it that reached the server. STDIN: (seconds, bytes) written to
+    curl's standard input after that long."""
     probe = uuid.uuid4().hex
     to = front.doors[door]
     scheme = "https" if to.tls else "http"
-    run = subprocess.run(
+    run = subprocess.Popen(
         ["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", "--noproxy", "*"]
         + ["-H", f"X-Probe: {probe}", *args[:-1], f"{scheme}://{ADDRESS}:{to.port}{args[-1]}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
-    return run.stdout, front.server.probed(probe)
+    if stdin is not None:
+        time.sleep(stdin[0])
+        with contextlib.suppress(BrokenPipeError):
+            run.stdin.write(b"x" * stdin[1])
+    with contextlib.suppress(BrokenPipeError):
+        run.stdin.close()
+    out = run.stdout.read()
+    run.wait(timeout=30)
+    return out.decode(), front.server.probed(probe)
 
 
 @pytest.mark.parametrize("door", PLAIN_DOORS)
@@ -883,13 +895,42 @@ def test_http_2_over_tls_keeps_every_rule(front, door):
     assert refused_h2(front, door, [*post, "x" * (MAX_BODY + 1)]) == "413"
 
 
-def refused_h2(front: FrontDoors, door: str, args: list[str]) -> str:
-    """The status the door logged for a POST to /v1/completions it refused, checking that
-    nothing of it reached the server."""
+# A body of DATA frames with no content-length, as curl sends its standard input on
+# HTTP/2, four times the body limit: sent at once, and sent after the headers (a rule that
+# looks only at what came with them would let it through).
+UNDECLARED = MAX_BODY * 4
+
+
+@pytest.mark.parametrize("door", TLS_DOORS)
+@pytest.mark.parametrize("delay", [0, 0.5], ids=["with-the-headers", "after-the-headers"])
+def test_http_2_refuses_a_body_without_a_length_on_every_method(front, door, delay):
+    key = ["-H", f"Authorization: Bearer {KEY}"]
+    put = ["--http2", *key, "-X", "PUT", "-T", "-"]
+    assert refused_h2(front, door, put, "PUT", stdin=(delay, UNDECLARED)) == "411"
+    # /health takes no body, key or not.
+    health = ["--http2", "-X", "GET", "-T", "-"]
+    assert refused_h2(front, door, health, "GET", "/health", stdin=(delay, UNDECLARED)) == "400"
+    # A request without a body is not held up: its answer comes at once.
+    started = time.monotonic()
+    assert curl(front, door, "--http2", "/health")[0] == "200 2"
+    assert time.monotonic() - started < 5
+
+
+def refused_h2(
+    front: FrontDoors,
+    door: str,
+    args: list[str],
+    method: str = "POST",
+    path: str = "/v1/completions",
+    stdin: tuple[float, int] | None = None,
+) -> str:
+    """The status the door logged for a METHOD to PATH it refused, checking that nothing
+    of it reached the server. STDIN: (seconds, bytes) curl reads from its standard input
+    after that long, for -T -."""
     probe = uuid.uuid4().hex
-    assert curl(front, door, *args, f"/v1/completions?p={probe}")[1] == []
+    assert curl(front, door, *args, f"{path}?p={probe}", stdin=stdin)[1] == []
     [(status, request)] = logged(front, door, probe)
-    assert request == f"POST /v1/completions?p={probe}"
+    assert request == f"{method} {path}?p={probe}"
     return status
 
 
