@@ -490,6 +490,64 @@ def test_a_door_copies_only_the_keys_its_role_writes(rendered):
     assert "EnvironmentFile" not in follower and "LoadCredential" not in follower
 
 
+# The user a door's runtime directory belongs to (systemd's dynamic user, here nobody).
+DOOR_USER = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as systemd runs the + commands")
+def test_no_door_hands_root_owned_files_to_its_user_through_a_link(rendered, tmp_path):
+    """Each door's root commands (ExecStartPre=+, ExecReload=+) run in order on a copy of
+    its directories, the runtime one owned by the door's user. Before and after each copy
+    the door (its user owns that directory) puts a link to a root-owned file in place of
+    the key file: that file stays as it was and root's, and without the link the copy
+    becomes the door's."""
+    doors = [name for name in rendered.units if name.endswith(("lb.service", "fleet.service"))]
+    assert len(doors) >= 5
+    for name in doors:
+        text = rendered.units[name].read_text()
+        for key in ("ExecStartPre", "ExecReload"):
+            commands = [shlex.split(c[1:]) for c in re.findall(rf"^{key}=(\+.*)$", text, re.M)]
+            if not commands:
+                continue
+            places = {}  # the unit's directory: the test's copy of it
+            for argv in commands:
+                for word in argv[1:]:
+                    path = Path(word.split("=", 1)[-1])
+                    if path.is_absolute() and path.name in ("client-keys", "scrape-keys"):
+                        places.setdefault(
+                            str(path.parent), tmp_path / name / key / str(len(places))
+                        )
+            for attack in (False, True):
+                for place in places.values():
+                    shutil.rmtree(place, ignore_errors=True)
+                    place.mkdir(parents=True)
+                    for file in ("client-keys", "scrape-keys"):
+                        (place / file).write_text("sk-key\n")
+                # The directory whose owner the copies take: the runtime one.
+                [reference] = {
+                    w.split("=", 1)[1] for a in commands for w in a if "--reference=" in w
+                }
+                os.chown(places[reference], DOOR_USER, DOOR_USER)
+                victim = tmp_path / "victim"
+                victim.write_text("root's\n")
+                for argv in commands:
+                    for directory, place in places.items():
+                        argv = [w.replace(directory, str(place)) for w in argv]
+                    copied = Path(argv[-1])
+                    if attack and argv[0].endswith("install"):
+                        # A link left in the file's place before the copy too.
+                        copied.unlink()
+                        copied.symlink_to(victim)
+                    subprocess.run(argv, check=True, capture_output=True)
+                    assert victim.read_text() == "root's\n", (name, argv)
+                    if attack and argv[0].endswith("install"):
+                        copied.unlink()
+                        copied.symlink_to(victim)
+                    if not attack and argv[0].endswith("chown"):
+                        assert copied.stat().st_uid == DOOR_USER, (name, argv)
+                assert victim.stat().st_uid == 0, (name, key)
+
+
 NEEDS_NFT = pytest.mark.skipif(
     shutil.which("nft") is None or shutil.which("unshare") is None, reason="needs nft and unshare"
 )
