@@ -127,6 +127,13 @@ REFUSED = [
         "vllm_service_backend_address='0.0.0.0': is not allowed here; give a loopback address",
     ),
     (
+        # A zone: HAProxy's server lines and vLLM's --host take none (a deploy waited ten
+        # minutes for a door that never came up).
+        "backend-zone",
+        {"vllm_service_backend_address": "::1%lo"},
+        "vllm_service_backend_address='::1%lo': has a zone (%...), which no door or engine takes",
+    ),
+    (
         "model-len",
         {"vllm_service_max_model_len": 0},
         "vllm_service_max_model_len=0: is not a number of tokens",
@@ -304,3 +311,10 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
         assert refusal(run).startswith(f"mon-01: {words}"), refusal(run)
         assert "TASK [topology" not in run.output
     held.close()
+    # The API key as the scrape token: a monitor would hold a key that gets completions.
+    token.write_text(KEY + "\n")
+    run = check(inventory, given, f"--limit={HOST}")
+    assert refusal(run).startswith(f"{HOST}: vllm_service_metrics_token_file: holds an API key"), (
+        refusal(run)
+    )
+    assert KEY not in refusal(run)

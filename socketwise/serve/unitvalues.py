@@ -511,6 +511,13 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
         except ValueError:
             errors.append(_problem(variable, address, "is not an IP address", fix))
             continue
+        if isinstance(parsed, ipaddress.IPv6Address) and parsed.scope_id is not None:
+            # HAProxy's server lines and vLLM's --host take no zone: a deploy would run
+            # to its readiness wait and fail there without naming the variable.
+            errors.append(
+                _problem(variable, address, "has a zone (%...), which no door or engine takes", fix)
+            )
+            continue
         if not allowed(parsed):
             errors.append(_problem(variable, address, "is not allowed here", fix))
     exempt = values.get("vllm_service_client_limit_exempt", [])
@@ -543,7 +550,8 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
 
 def secret_errors(values: Mapping[str, object]) -> list[str]:
     """What is wrong with the API key and the Hugging Face token, naming the variable but
-    never the value; and a public front door without a key that was not asked for."""
+    never the value; a scrape token (vllm_service_metrics_token, read from its file) that
+    is an API key; and a public front door without a key that was not asked for."""
     errors = []
     for variable in (
         "vllm_service_api_key",
@@ -556,6 +564,15 @@ def secret_errors(values: Mapping[str, object]) -> list[str]:
                 f"{variable}: is shorter than 16 characters or holds others than letters, "
                 "digits and . _ ~ + / = -; generate one with `openssl rand -hex 32`"
             )
+    token = values.get("vllm_service_metrics_token")
+    if token and token in (
+        values.get("vllm_service_api_key"),
+        values.get("vllm_service_api_key_previous"),
+    ):
+        errors.append(
+            "vllm_service_metrics_token_file: holds an API key; the monitors would hold a key "
+            "that gets completions: write another token there (`openssl rand -hex 32`)"
+        )
     if values.get("vllm_service_api_key_previous") and not values.get("vllm_service_api_key"):
         errors.append(
             "vllm_service_api_key_previous: is set but vllm_service_api_key is empty; a "
