@@ -4,6 +4,7 @@ never shown."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -11,7 +12,7 @@ import pytest
 
 from socketwise.serve.secretfiles import apply
 
-from .playbooks import run_module
+from .playbooks import run_module, run_playbook
 
 SECRET = "SOCKETWISE_BACKEND_KEY=never-shown-1234\n"
 
@@ -71,3 +72,43 @@ def test_a_name_that_leaves_the_directory_is_refused_before_anything_is_written(
     with pytest.raises(ValueError, match="not a file name"):
         apply(str(tmp_path), [{"name": "ok", "content": "x"}], absent=["../elsewhere"])
     assert list(tmp_path.iterdir()) == []
+
+
+FLEET_ABSENT = """
+- name: Remove the fleet front door
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Remove it
+      ansible.builtin.include_role:
+        name: vllm_service
+        tasks_from: fleet-absent
+"""
+
+
+def test_removing_the_fleet_door_leaves_a_monitors_token_beside_its_secrets(tmp_path):
+    """The fleet door's removal on a host that also runs the monitor: the door's files go,
+    the monitor's scrape token in the same directory stays; alone, the directory goes."""
+    secrets, etc = tmp_path / "secrets", tmp_path / "etc"
+    secrets.mkdir()
+    etc.mkdir()
+    fleet = ["client-keys", "scrape-keys", "frontdoor.pem", "fleet-client.pem"]
+    for name in [*fleet, "scrape-token"]:
+        (secrets / name).write_text("secret\n")
+    (etc / "fleet-haproxy.cfg").write_text("global\n")
+    playbook = tmp_path / "fleet-absent.yml"
+    playbook.write_text(FLEET_ABSENT)
+    where = {
+        "__vllm_service_secrets_dir": str(secrets),
+        "__vllm_service_fleet_config": str(etc / "fleet-haproxy.cfg"),
+        "__vllm_service_unit_dir": str(tmp_path / "units"),
+    }
+    for left in (["scrape-token"], []):
+        done = run_playbook(str(playbook), "-i", "inventories/local", "-e", json.dumps(where))
+        assert done.returncode == 0, done.output[-3000:]
+        assert sorted(p.name for p in etc.iterdir()) == []
+        if left:
+            assert sorted(p.name for p in secrets.iterdir()) == left
+            (secrets / "scrape-token").unlink()
+        else:
+            assert not secrets.exists()
