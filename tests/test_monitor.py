@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
 from socketwise.measure.status import table
 from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
@@ -170,3 +173,31 @@ def test_the_sweeps_monitor_reads_each_engine_on_the_backend_address(tmp_path):
     assert json.loads(shown) == [
         "http://127.1.0.11:8001/metrics", "http://127.1.0.11:8002/metrics"
     ]  # fmt: skip
+
+
+class _Ready(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_monitors_readiness_wait_never_goes_through_a_proxy(tmp_path):
+    """The role's own task, run with a proxy in the environment that answers nothing and
+    one attempt: it reaches the local server directly."""
+    tasks = yaml.safe_load((REPO / "roles/monitor/tasks/present.yml").read_text())
+    [wait] = [t for t in tasks if t["name"] == "Wait until Prometheus and Alertmanager are ready"]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    wait |= {"retries": 0, "loop": [url, url], "environment": {"http_proxy": "http://127.0.0.1:9"}}
+    play = [{"name": "Wait", "hosts": "localhost", "gather_facts": False, "tasks": [wait]}]
+    playbook = tmp_path / "wait.yml"
+    playbook.write_text(json.dumps(play))
+    try:
+        done = run_playbook(str(playbook), "-i", "inventories/local")
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.output[-3000:]
