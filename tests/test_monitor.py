@@ -201,3 +201,31 @@ def test_the_monitors_readiness_wait_never_goes_through_a_proxy(tmp_path):
     finally:
         server.shutdown()
     assert done.returncode == 0, done.output[-3000:]
+
+
+def test_alertmanagers_webhook_url_stays_root_only_and_out_of_the_diff(tmp_path):
+    """The role's own task writing Alertmanager's configuration, run with --diff as a user
+    would: the file is root's alone (a webhook URL often carries a token) and the run's
+    output never shows the URL."""
+    tasks = yaml.safe_load((REPO / "roles/monitor/tasks/present.yml").read_text())
+    [render] = [t for t in tasks if t["name"] == "Render Alertmanager's configuration"]
+    dest = tmp_path / "alertmanager.yml"
+    render["ansible.builtin.template"] |= {"dest": str(dest)}
+    # amtool is the monitor host's, not the controller's.
+    del render["ansible.builtin.template"]["validate"]
+    url = "https://hooks.example/services/T0/B0/token-" + "x" * 24
+    play = [{
+        "name": "Render", "hosts": "localhost", "gather_facts": False,
+        "vars_files": [str(REPO / "roles/monitor" / d / "main.yml") for d in ("defaults", "vars")],
+        "tasks": [render],
+    }]  # fmt: skip
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(json.dumps(play))
+    where = json.dumps(
+        {"__monitor_templates": str(REPO / "templates"), "monitor_alert_webhook_url": url}
+    )
+    done = run_playbook(str(playbook), "-i", "inventories/local", "--diff", "-e", where)
+    assert done.returncode == 0, done.output[-3000:]
+    assert url in dest.read_text()
+    assert dest.stat().st_mode & 0o777 == 0o600
+    assert "token-" not in done.output
