@@ -257,7 +257,8 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    others = ("anonymous", "limited", "rotating", "metrics", "host-own-keys", "fleet-retry")
+    others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
+    others += ("fleet-retry",)
     others += ("engine-gone",)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
@@ -352,6 +353,11 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         "rotating": (
             "haproxy.cfg.j2",
             own_listener(directory, "rotating", plan, ports["rotating"]),
+        ),
+        # Reloaded with a renewed certificate (test_a_reload_takes_a_renewed_certificate...).
+        "rotating-tls": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "rotating-tls", plan, ports["rotating-tls"]) | tls,
         ),
         "fleet": ("fleet-haproxy.cfg.j2", {}),
         # Over a host whose door answers 503 (its instances restarting) and one that serves.
@@ -461,14 +467,15 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    doors = {name: Door(name, ports[name], name in (*TLS_DOORS, "host-own-keys")) for name in tasks}
+    tls_doors = (*TLS_DOORS, "host-own-keys", "rotating-tls")
+    doors = {name: Door(name, ports[name], name in tls_doors) for name in tasks}
     return doors | {name: Door(name, ports[name]) for name in SECOND_LISTENERS}
 
 
 def credentials(directory: Path) -> Path:
-    """What systemd's LoadCredential= gives the unit: frontdoor.pem (certificate and key)
-    and, to a fleet door, fleet-client.pem (the kit's), in the directory
-    $CREDENTIALS_DIRECTORY names."""
+    """What the unit copies for the door at each start and reload: frontdoor.pem
+    (certificate and key) and, to a fleet door, fleet-client.pem (the kit's), in the
+    directory $SOCKETWISE_DOOR_FILES names."""
     given = directory / "credentials"
     given.mkdir()
     subprocess.run(
@@ -483,6 +490,18 @@ def credentials(directory: Path) -> Path:
     return given
 
 
+def own_files(given: Path) -> Path:
+    """A door's own copy of the certificates, which a test may renew."""
+    own = given.parent / "rotating-tls-files"
+    shutil.copytree(given, own, dirs_exist_ok=True)
+    return own
+
+
+def served_certificate(door: Door) -> str:
+    """The PEM certificate DOOR shows a new TLS connection."""
+    return ssl.get_server_certificate((ADDRESS, door.port))
+
+
 def write_keys(path: Path, *keys: str) -> Path:
     """client-keys as secrets.yml writes it: a key a line."""
     path.write_text("".join(f"{key}\n" for key in keys))
@@ -493,8 +512,8 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
     """HAProxy as socketwise-lb.service runs it: the configuration checked first, the
     backend credential in its environment (the unit's EnvironmentFile, frontdoor.env), the
     client keys in the file SOCKETWISE_CLIENT_KEYS names (the unit's copy of client-keys),
-    the scrape token in SOCKETWISE_SCRAPE_KEYS's (scrape-keys'),
-    the certificate in its credentials directory; in the foreground, master and worker (a
+    the scrape token in SOCKETWISE_SCRAPE_KEYS's (scrape-keys'), the certificates in
+    SOCKETWISE_DOOR_FILES (the unit's copies); in the foreground, master and worker (a
     SIGUSR2 reloads it, as the unit's ExecReload does)."""
     own = (HOST_ONLY_KEY,) if door.name == "host-own-keys" else (KEY, PREVIOUS)
     keys = write_keys(directory / f"{door.name}-client-keys", *own)
@@ -503,7 +522,7 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
         SOCKETWISE_BACKEND_KEY=BACKEND,
         SOCKETWISE_CLIENT_KEYS=str(keys),
         SOCKETWISE_SCRAPE_KEYS=str(write_keys(directory / f"{door.name}-scrape-keys", SCRAPE)),
-        CREDENTIALS_DIRECTORY=str(given),
+        SOCKETWISE_DOOR_FILES=str(given if door.name != "rotating-tls" else own_files(given)),
     )
     config = directory / f"{door.name}.cfg"
     log = directory / f"{door.name}.log"
@@ -690,6 +709,33 @@ def test_a_reload_takes_new_keys_and_keeps_the_connections_in_flight(front):
     assert send(front, "rotating", "GET", "/v1/models", bearer(KEY)).status == 200
     assert send(front, "rotating", "GET", "/v1/models", bearer(PREVIOUS)).status == 401
     # The old worker finished the request it held.
+    slow.join(timeout=10)
+    assert [outcome.status for outcome in in_flight] == [200]
+
+
+def test_a_reload_takes_a_renewed_certificate_and_keeps_the_requests_in_flight(front):
+    """A renewal: the door's copy of frontdoor.pem is replaced (the unit's ExecReload
+    copies it from root's file) and SIGUSR2 loads it; new connections get the new
+    certificate, and a request in flight is answered."""
+    door = front.doors["rotating-tls"]
+    before = served_certificate(door)
+    in_flight: list[Outcome] = []
+    slow = threading.Thread(
+        target=lambda: in_flight.append(
+            send(front, "rotating-tls", "GET", "/v1/models", bearer(KEY) | {"X-Delay": "2"})
+        )
+    )
+    slow.start()
+    time.sleep(0.5)  # it reached the server and waits there
+    files = front.directory / "rotating-tls-files"
+    cert, key = self_signed(front.directory, "renewed", "renewed")
+    (files / "frontdoor.pem").write_text(cert.read_text() + key.read_text())
+    front.processes["rotating-tls"].send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 10
+    while served_certificate(door) == before:
+        assert time.monotonic() < deadline, front.log("rotating-tls")[-2000:]
+        time.sleep(0.1)
+    assert served_certificate(door) == cert.read_text()
     slow.join(timeout=10)
     assert [outcome.status for outcome in in_flight] == [200]
 

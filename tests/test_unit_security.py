@@ -66,6 +66,10 @@ METRICS_FIREWALL = [
     ("socketwise-port-filter.service.j2", "socketwise-metrics-firewall.service"),
 ]
 NFTABLES_DROPIN = ("nftables-socketwise.conf.j2", "nftables-socketwise.conf")
+# What a door's unit copies from root's files for HAProxy, at each start and reload.
+DOOR_COPIES = ("client-keys", "scrape-keys", "frontdoor.pem", "fleet-client.pem")
+# A door given a certificate (its path on the controller: the unit reads the host's copy).
+TLS = {"vllm_service_tls_cert": "/controller/door.pem"}
 # llama.cpp's cluster model, as socketwise.plan.modelfile.describe reports a GGUF: 32 layers
 # of 8 KV heads of 128, f16 keys and values.
 GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
@@ -317,6 +321,10 @@ def rendered(tmp_path_factory) -> Rendered:
     tasks += [
         _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
         _task("socketwise-fleet.service", "socketwise-fleet.service.j2", "single", {}),
+        # TLS doors, the fleet's showing hosts' TLS doors its client certificate.
+        _task("tls-socketwise-lb.service", "socketwise-lb.service.j2", "single", TLS),
+        _task("tls-socketwise-fleet.service", "socketwise-fleet.service.j2", "single",
+              TLS | {"__vllm_service_fleet_client": True}),
         _task("head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
               {"socketwise_cluster_plan": pp} | cluster_lb),
         # A monitored head's, and a monitored member's metrics door alone.
@@ -327,6 +335,7 @@ def rendered(tmp_path_factory) -> Rendered:
     ]  # fmt: skip
     expected |= dict.fromkeys(
         ["socketwise-lb.service", "socketwise-fleet.service", "head-socketwise-cluster-lb.service",
+         "tls-socketwise-lb.service", "tls-socketwise-fleet.service",
          "monitored-head-socketwise-cluster-lb.service", "follower-socketwise-cluster-lb.service"]
     )  # fmt: skip
 
@@ -513,7 +522,7 @@ def test_no_door_hands_root_owned_files_to_its_user_through_a_link(rendered, tmp
             for argv in commands:
                 for word in argv[1:]:
                     path = Path(word.split("=", 1)[-1])
-                    if path.is_absolute() and path.name in ("client-keys", "scrape-keys"):
+                    if path.is_absolute() and path.name in DOOR_COPIES:
                         places.setdefault(
                             str(path.parent), tmp_path / name / key / str(len(places))
                         )
@@ -521,7 +530,7 @@ def test_no_door_hands_root_owned_files_to_its_user_through_a_link(rendered, tmp
                 for place in places.values():
                     shutil.rmtree(place, ignore_errors=True)
                     place.mkdir(parents=True)
-                    for file in ("client-keys", "scrape-keys"):
+                    for file in DOOR_COPIES:
                         (place / file).write_text("sk-key\n")
                 # The directory whose owner the copies take: the runtime one.
                 [reference] = {
@@ -546,6 +555,23 @@ def test_no_door_hands_root_owned_files_to_its_user_through_a_link(rendered, tmp
                     if not attack and argv[0].endswith("chown"):
                         assert copied.stat().st_uid == DOOR_USER, (name, argv)
                 assert victim.stat().st_uid == 0, (name, key)
+
+
+def test_a_tls_doors_reload_copies_its_certificates(rendered):
+    """systemd hands a credential over only at start: a renewed certificate would take a
+    restart, which stops the door. A TLS door's reload copies each certificate it serves
+    or shows where HAProxy reads it, so a renewal takes a reload."""
+    for name, certificates in (
+        ("tls-socketwise-lb.service", ["frontdoor.pem"]),
+        ("tls-socketwise-fleet.service", ["frontdoor.pem", "fleet-client.pem"]),
+    ):
+        text = rendered.units[name].read_text()
+        assert "LoadCredential" not in text, name
+        where = re.search(r"^Environment=SOCKETWISE_DOOR_FILES=(\S+)$", text, re.M).group(1)
+        for phase in ("ExecStartPre", "ExecReload"):
+            copied = re.findall(rf"^{phase}=\+/usr/bin/install -m 0400 \S+ (\S+)$", text, re.M)
+            for certificate in certificates:
+                assert f"{where}/{certificate}" in copied, (name, phase, certificate)
 
 
 NEEDS_NFT = pytest.mark.skipif(
