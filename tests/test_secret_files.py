@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 
 import pytest
 
 from socketwise.serve.secretfiles import apply
 
-from .playbooks import run_module, run_playbook
+from .playbooks import REPO, run_module, run_playbook
 
 SECRET = "SOCKETWISE_BACKEND_KEY=never-shown-1234\n"
 
@@ -112,3 +114,21 @@ def test_removing_the_fleet_door_leaves_a_monitors_token_beside_its_secrets(tmp_
             (secrets / "scrape-token").unlink()
         else:
             assert not secrets.exists()
+
+
+@pytest.mark.parametrize("inventory", ["example-fleet", "lab"])
+def test_a_copied_inventory_never_commits_its_credentials(tmp_path, inventory):
+    """A shipped inventory copied into a repository of the user's own: the fleet door's
+    client certificate and key the kit writes to its credentials/ stay out of git."""
+    copy = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventories" / inventory, copy)
+    (copy / "credentials").mkdir(exist_ok=True)
+    (copy / "credentials" / "fleet-client.pem").write_text("key\n")
+    (copy / "hosts.yml").write_text("all: {}\n")
+    subprocess.run(["git", "init", "-q", str(copy)], check=True)
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=copy, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "hosts.yml" in status.stdout
+    assert "credentials" not in status.stdout
