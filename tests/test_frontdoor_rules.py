@@ -687,19 +687,26 @@ def test_the_previous_key_passes_too_during_a_rotation(front, door):
     assert [seen.headers["authorization"] for seen in outcome.reached] == [sent_on(door, PREVIOUS)]
 
 
+def held_request(front: FrontDoors, door: str) -> tuple[threading.Thread, list[Outcome]]:
+    """A request DOOR's server holds for 2 s, under way: its thread, and the list its
+    outcome is added to when it ends."""
+    outcomes: list[Outcome] = []
+    slow = threading.Thread(
+        target=lambda: outcomes.append(
+            send(front, door, "GET", "/v1/models", bearer(KEY) | {"X-Delay": "2"})
+        )
+    )
+    slow.start()
+    time.sleep(0.5)  # it reached the server and waits there
+    return slow, outcomes
+
+
 def test_a_reload_takes_new_keys_and_keeps_the_connections_in_flight(front):
     """A rotation's end: the file gets the new key and loses the previous one; SIGUSR2 (the
     unit's ExecReload) loads it, and a request in flight is answered."""
     new = "sk-new-" + uuid.uuid4().hex
     assert send(front, "rotating", "GET", "/v1/models", bearer(new)).status == 401
-    in_flight: list[Outcome] = []
-    slow = threading.Thread(
-        target=lambda: in_flight.append(
-            send(front, "rotating", "GET", "/v1/models", bearer(KEY) | {"X-Delay": "2"})
-        )
-    )
-    slow.start()
-    time.sleep(0.5)  # it reached the server and waits there
+    slow, in_flight = held_request(front, "rotating")
     write_keys(front.directory / "rotating-client-keys", new, KEY)
     front.processes["rotating"].send_signal(signal.SIGUSR2)
     deadline = time.monotonic() + 10
@@ -719,14 +726,7 @@ def test_a_reload_takes_a_renewed_certificate_and_keeps_the_requests_in_flight(f
     certificate, and a request in flight is answered."""
     door = front.doors["rotating-tls"]
     before = served_certificate(door)
-    in_flight: list[Outcome] = []
-    slow = threading.Thread(
-        target=lambda: in_flight.append(
-            send(front, "rotating-tls", "GET", "/v1/models", bearer(KEY) | {"X-Delay": "2"})
-        )
-    )
-    slow.start()
-    time.sleep(0.5)  # it reached the server and waits there
+    slow, in_flight = held_request(front, "rotating-tls")
     files = front.directory / "rotating-tls-files"
     cert, key = self_signed(front.directory, "renewed", "renewed")
     (files / "frontdoor.pem").write_text(cert.read_text() + key.read_text())
