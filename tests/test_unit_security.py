@@ -741,6 +741,31 @@ def test_the_filters_come_back_after_the_hosts_nftables_service_flushes_the_rule
         assert knocks[f"{MEMBERS['follower']} 9180"] == "connected", (action, knocks)
 
 
+@NEEDS_NFT
+def test_a_deploy_finds_a_table_missing_or_changed(rendered):
+    """The port_filter role's own comparison (its task's command), in a network namespace
+    of the test's own: the head's table as its file loads it is the same; with a rule
+    added by hand it is different; deleted, missing. The deploy reloads the table on the
+    last two."""
+    tasks = yaml.safe_load((ROLES / "port_filter/tasks/main.yml").read_text())
+    [compare] = [t for t in tasks if t["name"] == "Compare the loaded table with its rules"]
+    argv = compare["ansible.builtin.command"]["argv"]
+    rules, table = rendered.directory / "head-firewall.nft", "socketwise_cluster_head"
+    command = shlex.join([*argv[:-2], str(rules), table])
+    script = f"""
+set -e
+nft -f {rules}
+{command}
+nft add rule inet {table} input tcp dport 22 accept
+{command}
+nft delete table inet {table}
+{command}
+"""
+    done = subprocess.run(["unshare", "--net", "sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["same", "different", "missing"]
+
+
 @pytest.mark.skipif(not NFTABLES_SERVICE.exists(), reason="needs Debian's nftables.service")
 def test_the_nftables_drop_in_passes_systemd_analyze_verify(rendered, tmp_path):
     (tmp_path / "nftables.service").write_text(NFTABLES_SERVICE.read_text())
