@@ -258,6 +258,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
+    others += ("host-pinned",)
     others += ("fleet-retry",)
     others += ("engine-gone",)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
@@ -305,8 +306,15 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     # A TLS door behind a fleet door: it takes the fleet door's client certificate.
     fleet_client = tls | {
         "__vllm_service_takes_fleet_client": True,
+        "vllm_service_credentials_dir": str(directory / KIT),
         "__vllm_service_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
         "__cluster_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
+    }
+    # The same with an operator's own CA, which signed another client certificate too.
+    operator = operator_credentials(directory)
+    fleet_client_of_operator = fleet_client | {
+        "vllm_service_credentials_dir": str(operator),
+        "__vllm_service_fleet_client_ca": str(operator / "fleet-client-ca.pem"),
     }
     # roles/cluster/tasks/frontdoor.yml gives the rules these two.
     cluster = {
@@ -322,6 +330,11 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         "host-own-keys": (
             "haproxy.cfg.j2",
             own_listener(directory, "host-own-keys", plan, ports["host-own-keys"]) | fleet_client,
+        ),
+        "host-pinned": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "host-pinned", plan, ports["host-pinned"])
+            | fleet_client_of_operator,
         ),
         # allow_anonymous: no key, so no key check.
         "anonymous": (
@@ -467,9 +480,41 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    tls_doors = (*TLS_DOORS, "host-own-keys", "rotating-tls")
+    tls_doors = (*TLS_DOORS, "host-own-keys", "host-pinned", "rotating-tls")
     doors = {name: Door(name, ports[name], name in tls_doors) for name in tasks}
     return doors | {name: Door(name, ports[name]) for name in SECOND_LISTENERS}
+
+
+# An operator's own CA in the credentials directory, as the security guide allows.
+OPERATOR = "operator-credentials"
+
+
+def operator_credentials(directory: Path) -> Path:
+    """An operator's CA and the fleet door's client certificate it signed, named as the
+    role names its own (fleet-client-ca.pem, fleet-client.pem), and another client
+    certificate the same CA signed for another name (another-client.pem)."""
+    where = directory / OPERATOR
+    where.mkdir()
+
+    def run(*argv: str) -> None:
+        subprocess.run(argv, check=True, capture_output=True, cwd=where)
+
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+        "-nodes", "-days", "2", "-subj", "/CN=operator CA", "-keyout", "ca.key",
+        "-out", "fleet-client-ca.pem", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign")  # fmt: skip
+    (where / "ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name, subject in (("fleet-client", "socketwise fleet door"), ("another-client", "x")):
+        run("openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+            "-nodes", "-subj", f"/CN={subject}", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr")  # fmt: skip
+        run("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "fleet-client-ca.pem",
+            "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "ext",
+            "-out", f"{name}.crt")  # fmt: skip
+        (where / f"{name}.pem").write_text(
+            (where / f"{name}.crt").read_text() + (where / f"{name}.key").read_text()
+        )
+    return where
 
 
 def credentials(directory: Path) -> Path:
@@ -515,7 +560,7 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
     the scrape token in SOCKETWISE_SCRAPE_KEYS's (scrape-keys'), the certificates in
     SOCKETWISE_DOOR_FILES (the unit's copies); in the foreground, master and worker (a
     SIGUSR2 reloads it, as the unit's ExecReload does)."""
-    own = (HOST_ONLY_KEY,) if door.name == "host-own-keys" else (KEY, PREVIOUS)
+    own = (HOST_ONLY_KEY,) if door.name in ("host-own-keys", "host-pinned") else (KEY, PREVIOUS)
     keys = write_keys(directory / f"{door.name}-client-keys", *own)
     env = dict(
         os.environ,
@@ -1107,6 +1152,19 @@ def test_a_fleet_door_reaches_a_tls_host_door_with_its_certificate_not_the_clien
     # The CA's key is not kept: nothing else can be signed with it.
     assert sorted(p.name for p in kit.iterdir()) == ["fleet-client-ca.pem", "fleet-client.pem"]
     assert (kit / "fleet-client.pem").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_host_door_takes_the_fleet_doors_certificate_alone_not_another_of_its_ca(front):
+    """With an operator's own CA, which may sign other certificates: the host's door takes
+    the fleet door's certificate (its fingerprint is pinned) in place of a key, and
+    refuses another the same CA signed, before the instance."""
+    operator = front.directory / OPERATOR
+    for shown, status in (("fleet-client.pem", 200), ("another-client.pem", 401)):
+        outcome = send(
+            front, "host-pinned", "POST", "/v1/completions", None, COMPLETION,
+            cert=operator / shown,
+        )  # fmt: skip
+        assert (outcome.status, len(outcome.reached)) == (status, int(status == 200)), shown
 
 
 def test_a_fleet_door_over_tls_hosts_alone_sends_the_clients_key_no_further(front):

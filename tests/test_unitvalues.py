@@ -18,12 +18,15 @@ from socketwise.serve.limits import instance_limits
 from socketwise.serve.unitvalues import (
     OWNED_FLAGS,
     account_error,
+    certificate_sha256,
     fleet_ca_errors,
     listener_clashes,
     quote,
     secret_errors,
     unit_value_errors,
 )
+
+from .frontdoor import self_signed
 
 REPO = Path(__file__).resolve().parent.parent
 # What a user may legitimately pass, with every character that means something to systemd.
@@ -424,8 +427,6 @@ def _signed(directory: Path, name: str, ca: str) -> str:
 
 
 def test_a_fleet_ca_must_have_signed_every_host_s_door(tmp_path):
-    from .frontdoor import self_signed
-
     for ca in ("ca", "other"):
         self_signed(tmp_path, f"{ca} CA", ca)
     servers = [
@@ -446,3 +447,17 @@ def test_a_fleet_ca_must_have_signed_every_host_s_door(tmp_path):
     assert "not a PEM CA certificate" in error
     (error,) = fleet_ca_errors(str(tmp_path / "missing.crt"), servers)
     assert "not a PEM CA certificate" in error
+
+
+def test_a_certificates_pin_is_openssls_sha256_fingerprint_and_never_reads_the_key(tmp_path):
+    cert, key = self_signed(tmp_path, "fleet door")
+    pem = tmp_path / "fleet-client.pem"
+    pem.write_text(cert.read_text() + key.read_text())
+    printed = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert certificate_sha256(str(pem)) == printed.split("=", 1)[1].strip().replace(":", "")
+    # Not made yet (a check-mode run before the first deploy), or only a key: no pin.
+    assert certificate_sha256(str(tmp_path / "missing.pem")) == ""
+    assert certificate_sha256(str(key)) == ""

@@ -10,12 +10,14 @@ for itself.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os.path
 import re
 import ssl
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 from ..plan.planner import MAX_PORT
 
@@ -377,6 +379,21 @@ def tls_error(cert: str, key: str) -> str | None:
             f"TLS ({reason}); give a PEM certificate and its unencrypted private key"
         )
     return None
+
+
+def certificate_sha256(path: str) -> str:
+    """The SHA-256 of the first certificate in the PEM file PATH (on the controller) in
+    upper-case hex, as HAProxy's `ssl_c_der,digest(sha256),hex` gives it; "" when the
+    file or a certificate in it is missing (a check-mode run before the first deploy made
+    it). A private key beside it is never read."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return ""
+    found = re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----", text, re.S)
+    if not found:
+        return ""
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(found.group(0))).hexdigest().upper()
 
 
 def fleet_ca_errors(ca: str, servers: list[dict]) -> list[str]:

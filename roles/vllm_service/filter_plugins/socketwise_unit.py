@@ -2,6 +2,7 @@
 `systemd_quote` and `socketwise_unit_value_errors`, `socketwise_secret_errors`,
 `socketwise_address_errors`, `socketwise_account_error`, `socketwise_number_errors`,
 `socketwise_listener_clashes`, `socketwise_tls_error`, `socketwise_fleet_ca_errors`,
+`socketwise_cert_sha256` (a certificate's pin),
 `socketwise_gpu_devices` (a GPU unit's DeviceAllow= nodes); each
 unit's MemoryMax= and TasksMax=, sized from the plan: `socketwise_instance_limits`,
 `socketwise_stage_limits` and `socketwise_llamacpp_limits`. The same file serves the
@@ -15,6 +16,7 @@ try:
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
+        certificate_sha256,
         fleet_ca_errors,
         gpu_devices,
         listener_clashes,
@@ -32,6 +34,7 @@ except ImportError:
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
+        certificate_sha256,
         fleet_ca_errors,
         gpu_devices,
         listener_clashes,
@@ -77,6 +80,7 @@ class FilterModule:
             "socketwise_listener_clashes": listener_clashes,
             "socketwise_tls_error": socketwise_tls_error,
             "socketwise_fleet_ca_errors": fleet_ca_errors,
+            "socketwise_cert_sha256": certificate_sha256,
             "socketwise_gpu_devices": gpu_devices,
             "socketwise_instance_limits": limits.instance_limits,
             "socketwise_stage_limits": limits.stage_limits,
