@@ -6,8 +6,9 @@ host's vLLM (SN, two DP instances, TP-2, two TP-4 replicas on GPUs, plain vLLM w
 plan's placement, and the image method on a real host and on an nspawn one), a vLLM
 pipeline's head and follower, a llama.cpp cluster's head and RPC server, a hybrid MoE
 llama-server on a GPU host, a host's and a cluster head's front door, and the fleet's.
-Each must pass `systemd-analyze verify`, score at most 4.0 in `systemd-analyze security
---offline=true` (the scores are printed: run pytest with -s), and carry the MemoryMax= and
+Each must pass `systemd-analyze verify`, score at most 2.0 in `systemd-analyze security
+--offline=true` (4.0 for the image method's, whose Podman runs as root; the scores are
+printed: run pytest with -s), and carry the MemoryMax= and
 TasksMax= that the sizing rule of docs/guides/security.md gives for its plan, worked out
 here from the plan's numbers.
 
@@ -45,7 +46,10 @@ pytestmark = pytest.mark.skipif(
 
 TEMPLATES = REPO / "templates"
 ROLES = REPO / "roles"
+# systemd-analyze security's overall exposure: the image method's units at most the
+# first, every other unit at most the second.
 MOST_EXPOSED = 4.0
+LEAST_EXPOSED = 2.0
 # The cluster's members and their private addresses.
 MEMBERS = {"head": "10.0.0.1", "follower": "10.0.0.2"}
 # A hybrid MoE server: the hybrid study's 2x EPYC 9554 with one 48 GB GPU, alone in its
@@ -382,12 +386,14 @@ def setting(unit: Path, key: str) -> str:
     return values[0]
 
 
-def test_every_unit_scores_at_most_4_in_systemds_sandbox_review(rendered):
+def test_every_unit_scores_at_most_2_in_systemds_sandbox_review_and_an_image_unit_4(rendered):
     scores = {name: exposure(unit) for name, unit in rendered.units.items()}
     print("\nsystemd-analyze security --offline=true (0 safest, 10 worst):")
     for name, score in scores.items():
         print(f"  {score:4.1f}  {name}")
-    assert {name: s for name, s in scores.items() if s > MOST_EXPOSED} == {}
+    # Podman runs as root and sandboxes the server itself: systemd sees less of it.
+    most = {name: MOST_EXPOSED if name.startswith("image-") else LEAST_EXPOSED for name in scores}
+    assert {name: s for name, s in scores.items() if s > most[name]} == {}
 
 
 def test_every_unit_passes_systemd_analyze_verify(rendered, tmp_path):
