@@ -34,6 +34,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from .frontdoor import REFUSED_PATHS, self_signed
 from .playbooks import REPO, run_playbook
@@ -783,6 +784,35 @@ def test_a_reload_takes_a_renewed_certificate_and_keeps_the_requests_in_flight(f
     assert served_certificate(door) == cert.read_text()
     slow.join(timeout=10)
     assert [outcome.status for outcome in in_flight] == [200]
+
+
+def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
+    """The role's own task that starts, reloads or restarts a host's door, its action
+    replaced by one that records when it runs on each host and takes a second: on three
+    hosts at once (forks), the runs never overlap, so no two doors are down together."""
+    tasks = yaml.safe_load((REPO / "roles/vllm_service/tasks/present.yml").read_text())
+    [start] = [t for t in tasks if t["name"] == "Start the front door"]
+    record = tmp_path / "runs"
+    door = {k: v for k, v in start.items() if k != "ansible.builtin.systemd_service"}
+    door["ansible.builtin.shell"] = (
+        f"echo start $(date +%s.%N) >> {record}; sleep 1; echo end $(date +%s.%N) >> {record}"
+    )
+    local = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+    }
+    hosts = {f"door{n}": local for n in range(3)}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
+    play = [{"name": "Doors", "hosts": "all", "gather_facts": False, "tasks": [door]}]
+    playbook = tmp_path / "doors.yml"
+    playbook.write_text(json.dumps(play))
+    done = run_playbook(str(playbook), "-i", str(inventory), "--forks", "3")
+    assert done.returncode == 0, done.output[-3000:]
+    events = sorted(
+        (float(t), kind) for kind, t in (line.split() for line in record.read_text().splitlines())
+    )
+    assert [kind for _, kind in events] == ["start", "end"] * 3
 
 
 @pytest.mark.parametrize("door", DOORS)

@@ -1,6 +1,7 @@
 """The host's secret files in one call (socketwise.serve.secretfiles and its Ansible door):
 written root-only and only when they differ, kept, removed and made once as asked, and
-never shown."""
+never shown; the fleet door's removal takes its own secrets alone, and the controller's
+credentials directory stays out of git."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import stat
 import subprocess
 
 import pytest
-import yaml
 
 from socketwise.serve.secretfiles import apply
 
@@ -133,32 +133,3 @@ def test_a_copied_inventory_never_commits_its_credentials(tmp_path, inventory):
     )  # fmt: skip
     assert "hosts.yml" in status.stdout
     assert "credentials" not in status.stdout
-
-
-def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
-    """The role's own task that starts, reloads or restarts a host's door, its action
-    replaced by one that records when it runs on each host and takes a second: on three
-    hosts at once (forks), the runs never overlap, so no two doors are down together."""
-    tasks = yaml.safe_load((REPO / "roles/vllm_service/tasks/present.yml").read_text())
-    [start] = [t for t in tasks if t["name"] == "Start the front door"]
-    record = tmp_path / "runs"
-    door = {k: v for k, v in start.items() if k != "ansible.builtin.systemd_service"}
-    door["ansible.builtin.shell"] = (
-        f"echo start $(date +%s.%N) >> {record}; sleep 1; echo end $(date +%s.%N) >> {record}"
-    )
-    local = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-    }
-    hosts = {f"door{n}": local for n in range(3)}
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
-    play = [{"name": "Doors", "hosts": "all", "gather_facts": False, "tasks": [door]}]
-    playbook = tmp_path / "doors.yml"
-    playbook.write_text(json.dumps(play))
-    done = run_playbook(str(playbook), "-i", str(inventory), "--forks", "3")
-    assert done.returncode == 0, done.output[-3000:]
-    events = sorted(
-        (float(t), kind) for kind, t in (line.split() for line in record.read_text().splitlines())
-    )
-    assert [kind for _, kind in events] == ["start", "end"] * 3
