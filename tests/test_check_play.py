@@ -75,7 +75,8 @@ REFUSED = [
         "extra-args-host",
         {"vllm_service_extra_args": ["--host", "0.0.0.0"]},
         "vllm_service_extra_args[0]='--host': sets --host, which the kit sets itself; "
-        "set it with vllm_service_backend_address",
+        "remove it from vllm_service_extra_args (an instance serves only on the Unix socket "
+        "the kit gives it, which its door alone opens)",
     ),
     (
         "extra-args-api-key",

@@ -19,6 +19,7 @@ import base64
 import http.client
 import json
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ MAX_EXPOSURE = 4.0
 FACTS = detect()
 BUILD_CLASS = isa_class(FACTS)
 EAGER = ("-e", json.dumps({"vllm_service_extra_args": ["--enforce-eager"]}))
+COMPLETION = json.dumps(frontdoor.COMPLETION)
 
 
 @pytest.fixture(scope="module")
@@ -109,15 +111,63 @@ def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
         assert status == 401, wrong
     assert frontdoor.completion_tokens(ADDRESS, port, key, tls) > 0
     for instance in plan["instances"]:
-        assert not frontdoor.answers(ADDRESS, instance["port"])
-        # vLLM checks a key itself too, behind the front door: the host's backend
-        # credential, which the door sends in place of the client's; never a client's key.
-        assert frontdoor.call(BACKEND, instance["port"], "/v1/models")[0] == 401
-        assert frontdoor.call(BACKEND, instance["port"], "/v1/models", key)[0] == 401
         # No monitor host in this inventory: the metrics door closes every connection.
         with pytest.raises(ConnectionError):
             frontdoor.call(BACKEND, METRICS_PORT, f"/metrics/{instance['name']}")
     assert not frontdoor.answers(ADDRESS, METRICS_PORT)
+
+
+# Asks an instance's Unix socket on the host, as USER (root when empty): prints the status
+# and the answer's start, or 0 and the error when the socket cannot be opened.
+ENGINE_CALL = r"""
+import http.client, socket, sys
+path, route, key, body = sys.argv[1:5]
+class Connection(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(120)
+        self.sock.connect(path)
+headers = {"Content-Type": "application/json"} | ({"Authorization": "Bearer " + key} if key else {})
+try:
+    connection = Connection("localhost")
+    connection.request("POST" if body else "GET", route, body or None, headers)
+    answer = connection.getresponse()
+    print(answer.status, answer.read()[:300].decode(errors="replace"))
+except OSError as error:
+    print(0, type(error).__name__)
+"""
+
+
+def engine_call(
+    machine: lab.Machine, instance: str, route: str, key: str = "", body: str = "", user: str = ""
+) -> tuple[int, str]:
+    """An instance's answer on its Unix socket, asked on the host (as USER)."""
+    argv = ["python3", "-c", ENGINE_CALL, f"/run/socketwise-{instance}/api.sock", route, key, body]
+    if user:
+        argv = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *argv]
+    status, _, said = on_host(machine, shlex.join(argv)).partition(" ")
+    return int(status), said
+
+
+def assert_engines_behind_their_door(machine: lab.Machine, plan: dict, key: str) -> None:
+    """Nothing but the door reaches an instance: no TCP listener serves its API, and a
+    local process of another user opens no socket of theirs, on any route (vLLM checks no
+    key on /invocations); root, the kit's checks, gets a completion there with the
+    backend credential and none with a client's key."""
+    for instance in plan["instances"]:
+        name = instance["name"]
+        for address in (ADDRESS, BACKEND, "127.0.0.1"):
+            assert not frontdoor.answers(address, instance["port"]), (name, address)
+        for route in ("/invocations", "/v1/completions", "/health", "/metrics"):
+            assert engine_call(machine, name, route, "", COMPLETION, "nobody") == (
+                0,
+                "PermissionError",
+            ), (name, route)
+        status, said = engine_call(
+            machine, name, "/v1/completions", backend_key(machine), COMPLETION
+        )
+        assert status == 200 and '"completion_tokens"' in said, (name, status, said)
+        assert engine_call(machine, name, "/v1/completions", key, COMPLETION)[0] == 401, name
 
 
 def backend_key(machine: lab.Machine) -> str:
@@ -127,10 +177,11 @@ def backend_key(machine: lab.Machine) -> str:
 
 def assert_listeners_inside(machine: lab.Machine, plan: dict) -> None:
     """Every socket the units' processes listen on (TCP) or bind (UDP) is the front door,
-    its metrics listener, or on loopback away from the public address: the instances and
-    the engines' own sockets (rendezvous, ZMQ, gloo) on the backend address, gloo's on
-    127.0.0.1 (it takes an interface, lo, not an address). The lab's machines share one
-    network namespace, so `ss` shows the others' sockets too, without their processes."""
+    its metrics listener, or on loopback away from the public address: the engines' own
+    sockets (rendezvous, ZMQ, gloo; their APIs are on Unix sockets, never on their plan's
+    port) on the backend address, gloo's on 127.0.0.1 (it takes an interface, lo, not an
+    address). The lab's machines share one network namespace, so `ss` shows the others'
+    sockets too, without their processes."""
     units_of = dict(
         line.split()
         for line in on_host(machine, "ps -e -o pid=,unit=").splitlines()
@@ -152,6 +203,7 @@ def assert_listeners_inside(machine: lab.Machine, plan: dict) -> None:
             assert (address, port) in door, (unit, address, port)
         else:
             assert address in (BACKEND, "127.0.0.1"), (unit, address, port)
+            assert port not in {i["port"] for i in plan["instances"]}, (unit, address, port)
 
 
 def exposure(machine: lab.Machine, unit: str) -> float:
@@ -447,6 +499,7 @@ def test_sn_front_door_passes_only_openai_routes_with_the_key(machine, key, arti
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert_front_door(key, plan)
     assert_listeners_inside(machine, plan)
+    assert_engines_behind_their_door(machine, plan, key)
     # A body over vllm_service_max_body_bytes (4 MiB) is refused on its declared length,
     # before it is sent; one without a length (chunked) is refused too.
     for header, value, status in (
@@ -613,13 +666,12 @@ def test_dp2_instances_answer_behind_the_front_door(machine, artifacts, key):
         "socketwise-vllm-dp0.service",
         "socketwise-vllm-dp1.service",
     ]
-    for port in (8001, 8002):
-        assert frontdoor.completion_tokens(BACKEND, port, backend_key(machine)) > 0
     assert worker_cpus(artifacts) == [[0], [1]]
-    assert summary(artifacts)["ports"] == [8001, 8002, 8000, METRICS_PORT]
+    assert summary(artifacts)["ports"] == [8000, METRICS_PORT]
     plan = json.loads((artifacts / HOST / "plan.json").read_text())
     assert_front_door(key, plan)
     assert_listeners_inside(machine, plan)
+    assert_engines_behind_their_door(machine, plan, key)
     assert all(exposure(machine, unit) <= MAX_EXPOSURE for unit in units(machine))
 
 
@@ -637,8 +689,11 @@ def test_a_release_that_cannot_start_goes_back_to_the_one_that_served(machine, a
         machine, "cat /etc/systemd/system/socketwise-vllm-dp*.service"
     )
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
-    for port in (8001, 8002):
-        assert frontdoor.completion_tokens(BACKEND, port, backend_key(machine)) > 0
+    for instance in ("vllm-dp0", "vllm-dp1"):
+        assert (
+            engine_call(machine, instance, "/v1/completions", backend_key(machine), COMPLETION)[0]
+            == 200
+        )
 
 
 def test_tp2_runs_one_rank_per_core(machine, artifacts, key):

@@ -21,6 +21,7 @@ import random
 import shutil
 import signal
 import socket
+import socketserver
 import ssl
 import subprocess
 import threading
@@ -57,6 +58,8 @@ BACKEND = "backend" + uuid.uuid4().hex
 # Small, so a body at the limit is cheap to send; the rule is the same at 4 MiB.
 MAX_BODY = 2048
 INSTANCE = "vllm-sn"
+# Where the host doors reach INSTANCE (its Unix socket, in the test's directory).
+ENGINE_SOCKET = "engine.sock"
 OPENAI_ROUTES = [
     ("GET", "/v1/models"),
     ("POST", "/v1/completions"),
@@ -130,6 +133,20 @@ class Recorder(ThreadingHTTPServer):
 
     def handle_error(self, request: object, client_address: object) -> None:
         # HAProxy's health checks close their connections without waiting: not an error.
+        pass
+
+
+class EngineSocket(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The recorder where a host's door reaches its instance: on the instance's Unix socket.
+    What it is sent is the recorder's."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path, recorder: Recorder) -> None:
+        super().__init__(str(path), _Handler)
+        self.seen, self.lock = recorder.seen, recorder.lock
+
+    def handle_error(self, request: object, client_address: object) -> None:
         pass
 
 
@@ -271,6 +288,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     values = {
         "vllm_service_listen_address": ADDRESS,
         "vllm_service_backend_address": ADDRESS,
+        "__vllm_service_engine_sockets": {INSTANCE: str(directory / ENGINE_SOCKET)},
         "vllm_service_metrics_address": ADDRESS,
         "vllm_service_metrics_port": ports["metrics"],
         # A monitor scrapes from ADDRESS; the node exporter is the test's server too.
@@ -361,7 +379,10 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
                 {"instances": [{"name": INSTANCE, "port": free_port(), "max_connections": 8}]},
                 ports["engine-gone"],
             )
-            | {"vllm_service_metrics_port": ports["engine-gone-metrics"]},
+            | {
+                "vllm_service_metrics_port": ports["engine-gone-metrics"],
+                "__vllm_service_engine_sockets": {INSTANCE: str(directory / "gone.sock")},
+            },
         ),
         # Reloaded with new keys (test_a_reload_takes_new_keys...).
         "rotating": (
@@ -614,6 +635,8 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     for serving in (server, refusing):
         threading.Thread(target=serving.serve_forever, daemon=True).start()
     doors = render(directory, server.server_address[1], refusing.server_address[1])
+    engine = EngineSocket(directory / ENGINE_SOCKET, server)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
     given = credentials(directory)
     self_signed(directory, "another CA", "other-ca")
     processes = {}
@@ -626,7 +649,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        for serving in (server, refusing):
+        for serving in (server, refusing, engine):
             serving.shutdown()
             serving.server_close()
 

@@ -142,9 +142,10 @@ def test_status_shows_a_down_engine_with_its_alert_and_dashes_for_missing_figure
     assert "1 alert(s) firing\n  critical SocketwiseEngineDown: h1: engine vllm-sn" in shown
 
 
-def test_the_sweeps_monitor_reads_each_engine_on_the_backend_address(tmp_path):
+def test_the_sweeps_monitor_reads_each_engine_on_its_socket(tmp_path):
     """The benchmark role's metrics URLs, as Ansible renders them: each engine's own
-    /metrics on the backend address (the metrics door is the monitors')."""
+    /metrics on its Unix socket (the metrics door is the monitors'), which the monitor
+    opens (socketwise.common.direct)."""
     play = [
         {
             "hosts": "localhost",
@@ -153,6 +154,7 @@ def test_the_sweeps_monitor_reads_each_engine_on_the_backend_address(tmp_path):
                 str(REPO / f"roles/{f}")
                 for f in (
                     "vllm_service/defaults/main.yml",
+                    "vllm_service/vars/main.yml",
                     "benchmark/defaults/main.yml",
                     "benchmark/vars/main.yml",
                 )
@@ -162,8 +164,9 @@ def test_the_sweeps_monitor_reads_each_engine_on_the_backend_address(tmp_path):
     ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     given = {
-        "vllm_service_backend_address": "127.1.0.11",
-        "socketwise_plan": {"instances": [{"port": 8001}, {"port": 8002}]},
+        "socketwise_plan": {
+            "instances": [{"name": "vllm-dp0", "port": 8001}, {"name": "vllm-dp1", "port": 8002}]
+        },
     }
     done = run_playbook(
         str(tmp_path / "play.yml"), "-i", "inventories/local", "-e", json.dumps(given)
@@ -171,8 +174,9 @@ def test_the_sweeps_monitor_reads_each_engine_on_the_backend_address(tmp_path):
     assert done.returncode == 0, done.output[-2000:]
     shown = done.output.split('"__benchmark_metrics_urls": ', 1)[1].split("]", 1)[0] + "]"
     assert json.loads(shown) == [
-        "http://127.1.0.11:8001/metrics", "http://127.1.0.11:8002/metrics"
-    ]  # fmt: skip
+        "http+unix://%2Frun%2Fsocketwise-vllm-dp0%2Fapi.sock/metrics",
+        "http+unix://%2Frun%2Fsocketwise-vllm-dp1%2Fapi.sock/metrics",
+    ]
 
 
 class _Ready(BaseHTTPRequestHandler):

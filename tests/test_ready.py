@@ -2,6 +2,7 @@
 
 import http.server
 import json
+import socketserver
 import threading
 
 import pytest
@@ -217,3 +218,58 @@ def test_a_completion_carries_the_key_and_model_and_reaches_a_real_server():
     assert result["problems"] == []
     assert seen["auth"] == "Bearer sekrit" and seen["body"]["model"] == "tiny"
     assert nothing["status"] == 0
+
+
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def test_an_instance_on_a_unix_socket_is_checked_and_asked_there(tmp_path):
+    # An instance serves only on its Unix socket: /health and a completion reach it there,
+    # with the backend credential; a socket nobody serves is not ready.
+    seen = []
+
+    class Instance(http.server.BaseHTTPRequestHandler):
+        def _answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            seen.append(("GET", self.path, self.headers["Host"]))
+            self._answer(b"")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(("POST", self.path, self.headers["Authorization"]))
+            self._answer(json.dumps({"usage": {"completion_tokens": 8}}).encode())
+
+        def address_string(self):
+            return "unix"
+
+        def log_message(self, *args):
+            pass
+
+    path = tmp_path / "api.sock"
+    server = _UnixServer(str(path), Instance)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = "http+unix://" + str(path).replace("/", "%2F")
+    gone = "http+unix://" + str(tmp_path / "gone.sock").replace("/", "%2F")
+    try:
+        ready = wait_ready(
+            [{"unit": "u", "url": url + "/health"}], timeout=0, state=lambda unit: UP, interval=0
+        )
+        result = wait_completions([url], "tiny", "client", 5, complete, 0, {url: "backend"})
+        never = wait_ready(
+            [{"unit": "g", "url": gone + "/health"}], timeout=0, state=lambda unit: UP, interval=0
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert list(ready["ready"]) == ["u"] and result["problems"] == []
+    assert seen == [
+        ("GET", "/health", "localhost"),
+        ("POST", "/v1/completions", "Bearer backend"),
+    ]
+    assert never["ready"] == {} and never["waiting"] == ["g"], never

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -209,6 +210,7 @@ def rendered(tmp_path_factory) -> Rendered:
         # Facts of the vllm role's prepare and main tasks.
         "__vllm_host_build": {"id": "0123456789ab"},
         "__vllm_account": {"uid": 998, "group": 998},
+        "__vllm_service_engine_group_made": {"gid": 997},
         "__vllm_host_image": {"tag": "localhost/socketwise-vllm:avx2-0123456789ab"},
         # Facts of the cluster role's check and llamacpp tasks.
         "socketwise_cluster": "c1",
@@ -561,6 +563,80 @@ def test_no_door_hands_root_owned_files_to_its_user_through_a_link(rendered, tmp
                     if not attack and argv[0].endswith("chown"):
                         assert copied.stat().st_uid == DOOR_USER, (name, argv)
                 assert victim.stat().st_uid == 0, (name, key)
+
+
+# Stand-ins on this machine for the engine's user and the doors' group; the door's and a
+# stranger's uid (no account needs them).
+ENGINE_USER, ENGINE_GROUP, DOOR_GID, OTHER_UID = "nobody", "daemon", 1, 65533
+
+
+def _unit_values(text: str, key: str) -> list[str]:
+    return re.findall(rf"^{key}=(.*)$", text, re.M)
+
+
+def _connects(path: Path, *who: str) -> str:
+    """What a connect() to the socket PATH gives a process run as WHO (setpriv's options)."""
+    probe = (
+        "import socket, sys\n"
+        "try:\n    socket.socket(socket.AF_UNIX).connect(sys.argv[1]); print('connected')\n"
+        "except OSError as error:\n    print(type(error).__name__)"
+    )
+    argv = ["setpriv", *who, sys.executable, "-c", probe, str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+def test_an_instances_api_socket_opens_to_its_door_alone(rendered):
+    """Every single-host instance serves its API on a Unix socket (no --host or --port) in
+    its runtime directory; the server's group is the one the host's door holds. Done as
+    systemd does it (the directory made with its mode, owned by the unit's user and group,
+    then vLLM binding the socket as the server's user and group under its umask;
+    stand-ins for the user and group): the door's process may connect, another user's is
+    refused."""
+    door = rendered.units["socketwise-lb.service"].read_text()
+    [group] = _unit_values(door, "SupplementaryGroups")
+    engines = [n for n in rendered.units if re.search(r"socketwise-vllm-\w+\.service$", n)]
+    assert len(engines) >= 8, engines
+    # Where the stand-in users reach (pytest's own directory is root's alone).
+    place = Path(tempfile.mkdtemp(prefix="engines-"))
+    place.chmod(0o755)
+    for name in engines:
+        text = rendered.units[name].read_text()
+        [uds] = re.findall(r"^\s+--uds (\S+) \\$", text, re.M)
+        assert not re.search(r"^\s+--(host|port) ", text, re.M), name
+        [runtime] = _unit_values(text, "RuntimeDirectory")
+        assert Path(uds).parent == Path("/run") / runtime, name
+        assert _unit_values(text, "Group") == [group], name
+        image = "podman run" in text
+        if image:
+            [umask] = re.findall(r"--umask=(\d+)", text)
+            assert f"--volume /run/{runtime}:/run/{runtime} \\" in text, name
+            # The server runs as the account's uid and the group's gid (the test's 997).
+            assert re.search(r"--user \d+:997 \\", text), name
+        else:
+            umask = _unit_values(text, "UMask")[-1]
+        # The unit's user owns the directory (root, Podman's, for an image), its group too.
+        directory = place / name / runtime
+        directory.parent.mkdir(mode=0o755)
+        directory.mkdir()
+        directory.chmod(int(_unit_values(text, "RuntimeDirectoryMode")[0], 8))
+        shutil.chown(directory, "root" if image else ENGINE_USER, ENGINE_GROUP)
+        socket_path = directory / Path(uds).name
+        bind = (
+            f"import os, socket; os.umask(0o{umask}); "
+            f"socket.socket(socket.AF_UNIX).bind({str(socket_path)!r})"
+        )
+        subprocess.run(
+            ["setpriv", f"--reuid={ENGINE_USER}", f"--regid={ENGINE_GROUP}", "--clear-groups",
+             sys.executable, "-c", bind],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        as_door = (f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", f"--groups={DOOR_GID}")
+        as_other = (f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups")
+        # Refused when nothing listens, not denied: the door may open the socket.
+        assert _connects(socket_path, *as_door) == "ConnectionRefusedError", name
+        assert _connects(socket_path, *as_other) == "PermissionError", name
+    shutil.rmtree(place)
 
 
 def test_a_tls_doors_reload_copies_its_certificates(rendered):

@@ -4,6 +4,7 @@ test_deploy_lab.py loads such a unit into a real systemd and reads back what it 
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import subprocess
 from pathlib import Path
@@ -55,7 +56,10 @@ def render_vllm_unit(**values: object) -> str:
         keep_trailing_newline=True,
         trim_blocks=True,  # as Ansible renders templates
     )
-    environment.filters.update(comment=comment, systemd_quote=quote)
+    # Ansible's own filters the template uses, besides the role's.
+    environment.filters.update(
+        comment=comment, systemd_quote=quote, dirname=posixpath.dirname, basename=posixpath.basename
+    )
     topology = {
         "schema": 1,
         "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}],
@@ -74,6 +78,8 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_placed": True,
         "__vllm_service_secrets_dir": "/etc/socketwise/secrets",
         "__vllm_service_limits": instance_limits(sn, sn["instances"][0]),
+        "__vllm_service_engine_sockets": {"vllm-sn": "/run/socketwise-vllm-sn/api.sock"},
+        "__vllm_service_engine_group": "socketwise-engines",
     }
     numbers = {
         "vllm_service_max_model_len": None,
@@ -145,7 +151,11 @@ def test_numbers_given_as_strings_render_as_the_numbers_they_spell():
 def test_extra_args_may_not_set_a_flag_the_kit_owns(arg):
     (error,) = unit_value_errors(SAFE | {"vllm_service_extra_args": ["--max-num-seqs", "4", arg]})
     assert error.startswith(f"vllm_service_extra_args[2]={arg!r}: sets --"), error
-    assert "which the kit sets itself; set it with" in error
+    assert (
+        "which the kit sets itself; " in error and "remove it from vllm_service_extra_args" in error
+    )
+    if arg.startswith(("--hos", "--port")):
+        assert "Unix socket" in error, error
 
 
 def test_other_extra_args_pass():
@@ -406,8 +416,8 @@ def test_plain_vllm_runs_without_the_plans_placement_but_with_its_kv_size(tmp_pa
                       "LD_PRELOAD", "--cpuset-"):  # fmt: skip
         assert placement not in text
     assert "Environment=VLLM_CPU_KVCACHE_SPACE=1" in text
-    # The same server, model, dtype and backend address as the kit's own layouts.
-    assert "--dtype bfloat16" in text and "--host 127.1.0.11" in text
+    # The same server, model, dtype and API socket as the kit's own layouts.
+    assert "--dtype bfloat16" in text and "--uds /run/socketwise-vllm-sn/api.sock" in text
     assert _verify_problems(tmp_path, text, "/usr/bin/podman" if container else "/opt/") == []
     placed = render_vllm_unit(__vllm_service_container=container, **image)
     assert "CPUAffinity=0 1" in placed and "Environment=VLLM_CPU_OMP_THREADS_BIND=0,1" in placed

@@ -36,11 +36,14 @@ DTYPES = ("", "auto", "half", "float16", "bfloat16", "float", "float32")
 # `vllm serve` flags the kit sets from the plan and its own variables: given again in
 # vllm_service_extra_args, argparse keeps the last one, and `--host 0.0.0.0` would put an
 # instance past the front door. Each maps to what sets it.
+_SOCKET_ONLY = (
+    "an instance serves only on the Unix socket the kit gives it, which its door alone opens"
+)
 OWNED_FLAGS = {
     "--model": "vllm_model_path or vllm_model_hf_id",
     "--served-model-name": "vllm_served_model_name",
-    "--host": "vllm_service_backend_address",
-    "--port": "plan_port",
+    "--host": _SOCKET_ONLY,
+    "--port": _SOCKET_ONLY,
     "--api-key": "vllm_service_api_key",
     "--dtype": "vllm_service_dtype",
     "--max-model-len": "vllm_service_max_model_len",
@@ -60,7 +63,7 @@ OWNED_FLAGS = {
     "--api-server-count": "the cluster's plan",
     "--ssl-keyfile": "vllm_service_tls_cert and vllm_service_tls_key (TLS is the front door's)",
     "--ssl-certfile": "vllm_service_tls_cert and vllm_service_tls_key (TLS is the front door's)",
-    "--uds": "vllm_service_backend_address",
+    "--uds": _SOCKET_ONLY,
     "--uvicorn-log-level": "the kit (warning)",
 }
 OWNED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
@@ -196,7 +199,10 @@ def _argument_errors(arguments: object) -> list[str]:
                     variable,
                     arg,
                     f"sets {flag}, which the kit sets itself",
-                    f"set it with {OWNED_FLAGS[flag]}, and remove it from vllm_service_extra_args",
+                    f"remove it from vllm_service_extra_args ({_SOCKET_ONLY})"
+                    if OWNED_FLAGS[flag] == _SOCKET_ONLY
+                    else f"set it with {OWNED_FLAGS[flag]}, and remove it from "
+                    "vllm_service_extra_args",
                 )
             )
     return errors
