@@ -132,7 +132,7 @@ try:
     connection = Connection("localhost")
     connection.request("POST" if body else "GET", route, body or None, headers)
     answer = connection.getresponse()
-    print(answer.status, answer.read()[:300].decode(errors="replace"))
+    print(answer.status, answer.read()[:4000].decode(errors="replace"))
 except OSError as error:
     print(0, type(error).__name__)
 """

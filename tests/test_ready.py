@@ -16,6 +16,8 @@ from socketwise.serve.ready import (
     wait_ready,
 )
 
+from .playbooks import run_module
+
 UP = {"ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0"}
 
 
@@ -273,3 +275,45 @@ def test_an_instance_on_a_unix_socket_is_checked_and_asked_there(tmp_path):
         ("POST", "/v1/completions", "Bearer backend"),
     ]
     assert never["ready"] == {} and never["waiting"] == ["g"], never
+
+
+def test_the_deploy_asks_an_instance_on_its_socket_and_reads_its_version_there(tmp_path):
+    # The readiness module, as verify.yml runs it: each instance's completion with the
+    # backend credential and vLLM's /version, all on the instance's Unix socket.
+    class Instance(http.server.BaseHTTPRequestHandler):
+        def _answer(self, body: dict) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            self._answer({"version": "0.32.0"} if self.path == "/version" else {})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            tokens = 8 if self.headers["Authorization"] == "Bearer backend-credential" else 0
+            self._answer({"usage": {"completion_tokens": tokens}})
+
+        def address_string(self):
+            return "unix"
+
+        def log_message(self, *args):
+            pass
+
+    path = tmp_path / "api.sock"
+    server = _UnixServer(str(path), Instance)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = "http+unix://" + str(path).replace("/", "%2F")
+    try:
+        result, _ = run_module(
+            "socketwise_completion",
+            {"urls": [url], "model": "tiny", "api_key": "client-key", "timeout": 5,
+             "backend_urls": [url], "backend_key": "backend-credential",
+             "version_url": url + "/version"},
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result["problems"] == [] and result["version"] == "0.32.0", result

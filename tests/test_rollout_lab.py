@@ -558,6 +558,37 @@ def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(flee
     assert fleet.on(DOOR, "stat -c %a /run/socketwise-fleet") == "700"
 
 
+def test_each_engine_is_reached_by_its_door_alone_its_own_sockets_in_its_own_network(fleet, noop):
+    # These hosts' root holds CAP_NET_ADMIN: each instance's unit has a network namespace
+    # of its own, so its engines' rendezvous, queues and gloo are on a loopback nothing
+    # else on the host shares, and its API is a Unix socket only the door's group opens.
+    for host in SERVING:
+        summary = json.loads((fleet.artifacts / host / "deploy-summary.json").read_text())
+        assert summary["front_door"]["engines_network"] == "private", host
+        host_network = fleet.on(host, "readlink /proc/1/ns/net")
+        for instance, socket_path in summary["front_door"]["engine_sockets"].items():
+            unit = f"socketwise-{instance}.service"
+            pid = fleet.on(host, f"systemctl show -p MainPID --value {unit}")
+            assert fleet.on(host, f"readlink /proc/{pid}/ns/net") != host_network, unit
+            # No TCP listener of the unit's in the host's namespace (the lab's machines
+            # share one: the engines' sockets would show here, on the backend address).
+            pids = [
+                line.split()[0]
+                for line in fleet.on(host, "ps -e -o pid=,unit=").splitlines()
+                if line.split()[1:] == [unit]
+            ]
+            assert pids, unit
+            listening = fleet.on(host, "ss -Hlntp")
+            assert not any(f"pid={p}," in listening for p in pids), (unit, listening)
+            refused = fleet.on(
+                host,
+                "setpriv --reuid=nobody --regid=nogroup --clear-groups python3 -c "
+                f"'import socket; socket.socket(socket.AF_UNIX).connect(\"{socket_path}\")' "
+                "2>&1 | tail -1",
+            )
+            assert "PermissionError" in refused, (unit, refused)
+
+
 def test_calibrate_s_drain_takes_a_host_out_of_the_fleet_door_and_back_losing_no_request(
     fleet, noop
 ):

@@ -239,8 +239,14 @@ def rendered(tmp_path_factory) -> Rendered:
     # (prefix, plan, extra vars, the CPUs its processes may use, or None: the plan's)
     image = {"vllm_install_method": "image"}
     nspawn = image | {"vllm_container_cgroups": False}
+    # preflight.yml's answer on a host whose root holds CAP_NET_ADMIN.
+    net_admin = {"__vllm_service_port_owners": {"net_admin": True}}
     singles = [
         ("", "sn", {}, None),
+        ("private-", "sn", net_admin, None),
+        ("gpu-private-", "gpu", net_admin, None),
+        ("image-private-", "sn", image | net_admin, None),
+        ("private-hub-", "sn", net_admin | {"vllm_model_hf_id": "org/model"}, None),
         ("", "dp", {}, None),
         ("", "tp", {}, None),
         ("lab-", "lab", {}, None),
@@ -563,6 +569,23 @@ def test_no_door_hands_root_owned_files_to_its_user_through_a_link(rendered, tmp
                     if not attack and argv[0].endswith("chown"):
                         assert copied.stat().st_uid == DOOR_USER, (name, argv)
                 assert victim.stat().st_uid == 0, (name, key)
+
+
+def test_an_instance_has_a_network_of_its_own_where_systemd_can_make_one(rendered):
+    """Where root holds CAP_NET_ADMIN, a venv's instance that downloads nothing has its
+    engines' sockets in a network namespace of its own; without the capability, in an
+    image (Podman sets up the container's network) or fetching its model at start, they
+    stay on the host's loopback."""
+    private = {
+        name: "PrivateNetwork=yes" in unit.read_text()
+        for name, unit in rendered.units.items()
+        if re.search(r"socketwise-vllm-\w+\.service$", name)
+    }
+    assert {name for name, on in private.items() if on} == {
+        "private-socketwise-vllm-sn.service",
+        "gpu-private-socketwise-vllm-dp0.service",
+        "gpu-private-socketwise-vllm-dp1.service",
+    }, private
 
 
 # Stand-ins on this machine for the engine's user and the doors' group; the door's and a

@@ -18,6 +18,8 @@ KERNEL_LIBRARIES = ("_C", "_C_AVX512", "_C_AVX2")
 # Allocators and OpenMP runtimes: which ones really serve shows whether preloads took.
 RUNTIME_LIBRARIES = ("libtcmalloc", "libjemalloc", "libiomp5", "libgomp")
 _LISTEN = "0A"
+# CAP_NET_ADMIN's bit in a process's capability sets.
+_CAP_NET_ADMIN = 12
 
 
 def _status_field(path: Path, field: str) -> str:
@@ -25,6 +27,13 @@ def _status_field(path: Path, field: str) -> str:
         if line.startswith(field + ":"):
             return line.split(":", 1)[1].strip()
     return ""
+
+
+def holds_net_admin(proc: Path = Path("/proc")) -> bool:
+    """Whether this process holds CAP_NET_ADMIN: as root, whether systemd here can give a
+    unit a network namespace of its own with its loopback up (a container may withhold it)."""
+    effective = _status_field(proc / "self/status", "CapEff")
+    return bool(effective) and bool(int(effective, 16) >> _CAP_NET_ADMIN & 1)
 
 
 def process_tree(main_pid: int, proc: Path = Path("/proc")) -> list[int]:

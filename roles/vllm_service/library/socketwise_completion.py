@@ -69,8 +69,8 @@ version:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.socketwise.common.direct import urlopen
 from ansible.module_utils.socketwise.serve.ready import wait_completions
-from ansible.module_utils.urls import open_url
 
 
 def main():
@@ -93,8 +93,9 @@ def main():
     )
     if params["version_url"]:
         try:
-            answer = open_url(params["version_url"], timeout=10, use_proxy=False)
-            result["version"] = str(json.loads(answer.read())["version"])
+            # An instance's Unix socket too (http+unix), never through a proxy.
+            with urlopen(params["version_url"], timeout=10) as answer:
+                result["version"] = str(json.loads(answer.read())["version"])
         except Exception:  # noqa: BLE001 - any failure reads as an unknown version
             result["version"] = "unknown"
     module.exit_json(changed=False, **result)

@@ -58,12 +58,22 @@ results:
   returned: when I(listeners) is given
   type: list
   elements: dict
+net_admin:
+  description:
+    - Whether the module's user (root) holds CAP_NET_ADMIN, so systemd can give a unit a
+      network namespace of its own with its loopback up.
+  returned: when I(listeners) is given
+  type: bool
 """
 
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.socketwise.serve.verify import port_clashes, process_tree
+from ansible.module_utils.socketwise.serve.verify import (
+    holds_net_admin,
+    port_clashes,
+    process_tree,
+)
 
 
 def main():
@@ -110,7 +120,7 @@ def main():
             module.fail_json(msg=f"listener {listener!r}: no address")
         results.append({"item": listener, "clashes": port_clashes(listener["address"], ports, own)})
     clashes = [clash for result in results for clash in result["clashes"]]
-    module.exit_json(changed=False, clashes=clashes, results=results)
+    module.exit_json(changed=False, clashes=clashes, results=results, net_admin=holds_net_admin())
 
 
 if __name__ == "__main__":
