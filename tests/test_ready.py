@@ -1,9 +1,12 @@
 """Readiness: every instance up, or the first one that cannot come up named at once."""
 
+import contextlib
 import http.server
 import json
 import socketserver
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -226,18 +229,40 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
 
+class _OnSocket(http.server.BaseHTTPRequestHandler):
+    """An instance's handler on a Unix socket (its clients have no address), quiet."""
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def address_string(self):
+        return "unix"
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def on_socket(path: Path, handler: type[_OnSocket]) -> Iterator[str]:
+    """HANDLER serving on the Unix socket PATH, while the block runs: its http+unix URL."""
+    server = _UnixServer(str(path), handler)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield "http+unix://" + str(path).replace("/", "%2F")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_instance_on_a_unix_socket_is_checked_and_asked_there(tmp_path):
     # An instance serves only on its Unix socket: /health and a completion reach it there,
     # with the backend credential; a socket nobody serves is not ready.
     seen = []
 
-    class Instance(http.server.BaseHTTPRequestHandler):
-        def _answer(self, body: bytes) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
+    class Instance(_OnSocket):
         def do_GET(self):
             seen.append(("GET", self.path, self.headers["Host"]))
             self._answer(b"")
@@ -247,18 +272,8 @@ def test_an_instance_on_a_unix_socket_is_checked_and_asked_there(tmp_path):
             seen.append(("POST", self.path, self.headers["Authorization"]))
             self._answer(json.dumps({"usage": {"completion_tokens": 8}}).encode())
 
-        def address_string(self):
-            return "unix"
-
-        def log_message(self, *args):
-            pass
-
-    path = tmp_path / "api.sock"
-    server = _UnixServer(str(path), Instance)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    url = "http+unix://" + str(path).replace("/", "%2F")
     gone = "http+unix://" + str(tmp_path / "gone.sock").replace("/", "%2F")
-    try:
+    with on_socket(tmp_path / "api.sock", Instance) as url:
         ready = wait_ready(
             [{"unit": "u", "url": url + "/health"}], timeout=0, state=lambda unit: UP, interval=0
         )
@@ -266,9 +281,6 @@ def test_an_instance_on_a_unix_socket_is_checked_and_asked_there(tmp_path):
         never = wait_ready(
             [{"unit": "g", "url": gone + "/health"}], timeout=0, state=lambda unit: UP, interval=0
         )
-    finally:
-        server.shutdown()
-        server.server_close()
     assert list(ready["ready"]) == ["u"] and result["problems"] == []
     assert seen == [
         ("GET", "/health", "localhost"),
@@ -280,40 +292,21 @@ def test_an_instance_on_a_unix_socket_is_checked_and_asked_there(tmp_path):
 def test_the_deploy_asks_an_instance_on_its_socket_and_reads_its_version_there(tmp_path):
     # The readiness module, as verify.yml runs it: each instance's completion with the
     # backend credential and vLLM's /version, all on the instance's Unix socket.
-    class Instance(http.server.BaseHTTPRequestHandler):
-        def _answer(self, body: dict) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
+    class Instance(_OnSocket):
         def do_GET(self):
-            self._answer({"version": "0.32.0"} if self.path == "/version" else {})
+            body = {"version": "0.32.0"} if self.path == "/version" else {}
+            self._answer(json.dumps(body).encode())
 
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
             tokens = 8 if self.headers["Authorization"] == "Bearer backend-credential" else 0
-            self._answer({"usage": {"completion_tokens": tokens}})
+            self._answer(json.dumps({"usage": {"completion_tokens": tokens}}).encode())
 
-        def address_string(self):
-            return "unix"
-
-        def log_message(self, *args):
-            pass
-
-    path = tmp_path / "api.sock"
-    server = _UnixServer(str(path), Instance)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    url = "http+unix://" + str(path).replace("/", "%2F")
-    try:
+    with on_socket(tmp_path / "api.sock", Instance) as url:
         result, _ = run_module(
             "socketwise_completion",
             {"urls": [url], "model": "tiny", "api_key": "client-key", "timeout": 5,
              "backend_urls": [url], "backend_key": "backend-credential",
              "version_url": url + "/version"},
         )  # fmt: skip
-    finally:
-        server.shutdown()
-        server.server_close()
     assert result["problems"] == [] and result["version"] == "0.32.0", result
