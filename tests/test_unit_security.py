@@ -593,10 +593,6 @@ def test_an_instance_has_a_network_of_its_own_where_systemd_can_make_one(rendere
 ENGINE_USER, ENGINE_GROUP, DOOR_GID, OTHER_UID = "nobody", "daemon", 1, 65533
 
 
-def _unit_values(text: str, key: str) -> list[str]:
-    return re.findall(rf"^{key}=(.*)$", text, re.M)
-
-
 def _connects(path: Path, *who: str) -> str:
     """What a connect() to the socket PATH gives a process run as WHO (setpriv's options)."""
     probe = (
@@ -616,20 +612,20 @@ def test_an_instances_api_socket_opens_to_its_door_alone(rendered):
     then vLLM binding the socket as the server's user and group under its umask;
     stand-ins for the user and group): the door's process may connect, another user's is
     refused."""
-    door = rendered.units["socketwise-lb.service"].read_text()
-    [group] = _unit_values(door, "SupplementaryGroups")
+    group = setting(rendered.units["socketwise-lb.service"], "SupplementaryGroups")
     engines = [n for n in rendered.units if re.search(r"socketwise-vllm-\w+\.service$", n)]
     assert len(engines) >= 8, engines
     # Where the stand-in users reach (pytest's own directory is root's alone).
     place = Path(tempfile.mkdtemp(prefix="engines-"))
     place.chmod(0o755)
     for name in engines:
-        text = rendered.units[name].read_text()
+        unit = rendered.units[name]
+        text = unit.read_text()
         [uds] = re.findall(r"^\s+--uds (\S+) \\$", text, re.M)
         assert not re.search(r"^\s+--(host|port) ", text, re.M), name
-        [runtime] = _unit_values(text, "RuntimeDirectory")
+        runtime = setting(unit, "RuntimeDirectory")
         assert Path(uds).parent == Path("/run") / runtime, name
-        assert _unit_values(text, "Group") == [group], name
+        assert setting(unit, "Group") == group, name
         image = "podman run" in text
         if image:
             [umask] = re.findall(r"--umask=(\d+)", text)
@@ -637,12 +633,13 @@ def test_an_instances_api_socket_opens_to_its_door_alone(rendered):
             # The server runs as the account's uid and the group's gid (the test's 997).
             assert re.search(r"--user \d+:997 \\", text), name
         else:
-            umask = _unit_values(text, "UMask")[-1]
+            # The unit's last UMask= (after hardening.j2's) is the one systemd takes.
+            umask = re.findall(r"^UMask=(.*)$", text, re.M)[-1]
         # The unit's user owns the directory (root, Podman's, for an image), its group too.
         directory = place / name / runtime
         directory.parent.mkdir(mode=0o755)
         directory.mkdir()
-        directory.chmod(int(_unit_values(text, "RuntimeDirectoryMode")[0], 8))
+        directory.chmod(int(setting(unit, "RuntimeDirectoryMode"), 8))
         shutil.chown(directory, "root" if image else ENGINE_USER, ENGINE_GROUP)
         socket_path = directory / Path(uds).name
         bind = (
