@@ -618,45 +618,47 @@ def test_an_instances_api_socket_opens_to_its_door_alone(rendered):
     # Where the stand-in users reach (pytest's own directory is root's alone).
     place = Path(tempfile.mkdtemp(prefix="engines-"))
     place.chmod(0o755)
-    for name in engines:
-        unit = rendered.units[name]
-        text = unit.read_text()
-        [uds] = re.findall(r"^\s+--uds (\S+) \\$", text, re.M)
-        assert not re.search(r"^\s+--(host|port) ", text, re.M), name
-        runtime = setting(unit, "RuntimeDirectory")
-        assert Path(uds).parent == Path("/run") / runtime, name
-        assert setting(unit, "Group") == group, name
-        image = "podman run" in text
-        if image:
-            [umask] = re.findall(r"--umask=(\d+)", text)
-            assert f"--volume /run/{runtime}:/run/{runtime} \\" in text, name
-            # The server runs as the account's uid and the group's gid (the test's 997).
-            assert re.search(r"--user \d+:997 \\", text), name
-        else:
-            # The unit's last UMask= (after hardening.j2's) is the one systemd takes.
-            umask = re.findall(r"^UMask=(.*)$", text, re.M)[-1]
-        # The unit's user owns the directory (root, Podman's, for an image), its group too.
-        directory = place / name / runtime
-        directory.parent.mkdir(mode=0o755)
-        directory.mkdir()
-        directory.chmod(int(setting(unit, "RuntimeDirectoryMode"), 8))
-        shutil.chown(directory, "root" if image else ENGINE_USER, ENGINE_GROUP)
-        socket_path = directory / Path(uds).name
-        bind = (
-            f"import os, socket; os.umask(0o{umask}); "
-            f"socket.socket(socket.AF_UNIX).bind({str(socket_path)!r})"
-        )
-        subprocess.run(
-            ["setpriv", f"--reuid={ENGINE_USER}", f"--regid={ENGINE_GROUP}", "--clear-groups",
-             sys.executable, "-c", bind],
-            check=True, capture_output=True,
-        )  # fmt: skip
-        as_door = (f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", f"--groups={DOOR_GID}")
-        as_other = (f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups")
-        # Refused when nothing listens, not denied: the door may open the socket.
-        assert _connects(socket_path, *as_door) == "ConnectionRefusedError", name
-        assert _connects(socket_path, *as_other) == "PermissionError", name
-    shutil.rmtree(place)
+    try:
+        for name in engines:
+            unit = rendered.units[name]
+            text = unit.read_text()
+            [uds] = re.findall(r"^\s+--uds (\S+) \\$", text, re.M)
+            assert not re.search(r"^\s+--(host|port) ", text, re.M), name
+            runtime = setting(unit, "RuntimeDirectory")
+            assert Path(uds).parent == Path("/run") / runtime, name
+            assert setting(unit, "Group") == group, name
+            image = "podman run" in text
+            if image:
+                [umask] = re.findall(r"--umask=(\d+)", text)
+                assert f"--volume /run/{runtime}:/run/{runtime} \\" in text, name
+                # The server runs as the account's uid and the group's gid (the test's 997).
+                assert re.search(r"--user \d+:997 \\", text), name
+            else:
+                # The unit's last UMask= (after hardening.j2's) is the one systemd takes.
+                umask = re.findall(r"^UMask=(.*)$", text, re.M)[-1]
+            # The unit's user owns the directory (root, Podman's, for an image), its group too.
+            directory = place / name / runtime
+            directory.parent.mkdir(mode=0o755)
+            directory.mkdir()
+            directory.chmod(int(setting(unit, "RuntimeDirectoryMode"), 8))
+            shutil.chown(directory, "root" if image else ENGINE_USER, ENGINE_GROUP)
+            socket_path = directory / Path(uds).name
+            bind = (
+                f"import os, socket; os.umask(0o{umask}); "
+                f"socket.socket(socket.AF_UNIX).bind({str(socket_path)!r})"
+            )
+            subprocess.run(
+                ["setpriv", f"--reuid={ENGINE_USER}", f"--regid={ENGINE_GROUP}", "--clear-groups",
+                 sys.executable, "-c", bind],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            as_door = (f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", f"--groups={DOOR_GID}")
+            as_other = (f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups")
+            # Refused when nothing listens, not denied: the door may open the socket.
+            assert _connects(socket_path, *as_door) == "ConnectionRefusedError", name
+            assert _connects(socket_path, *as_other) == "PermissionError", name
+    finally:
+        shutil.rmtree(place)
 
 
 def test_a_tls_doors_reload_copies_its_certificates(rendered):
