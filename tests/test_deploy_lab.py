@@ -117,11 +117,13 @@ def assert_front_door(key: str, plan: dict, tls: bool = False) -> None:
     assert not frontdoor.answers(ADDRESS, METRICS_PORT)
 
 
-# Asks an instance's Unix socket on the host, as USER (root when empty): prints the status
-# and the answer's start, or 0 and the error when the socket cannot be opened.
+# Asks an instance's Unix socket on the host, as USER (root when empty), with the key read
+# from stdin (never in argv): prints the status and the answer's start, or 0 and the
+# error when the socket cannot be opened.
 ENGINE_CALL = r"""
 import http.client, socket, sys
-path, route, key, body = sys.argv[1:5]
+path, route, body = sys.argv[1:4]
+key = sys.stdin.read().strip()
 class Connection(http.client.HTTPConnection):
     def connect(self):
         self.sock = socket.socket(socket.AF_UNIX)
@@ -142,10 +144,14 @@ def engine_call(
     machine: lab.Machine, instance: str, route: str, key: str = "", body: str = "", user: str = ""
 ) -> tuple[int, str]:
     """An instance's answer on its Unix socket, asked on the host (as USER)."""
-    argv = ["python3", "-c", ENGINE_CALL, f"/run/socketwise-{instance}/api.sock", route, key, body]
+    argv = ["python3", "-c", ENGINE_CALL, f"/run/socketwise-{instance}/api.sock", route, body]
     if user:
         argv = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *argv]
-    status, _, said = on_host(machine, shlex.join(argv)).partition(" ")
+    done = subprocess.run(
+        lab.ssh_command(machine, shlex.join(argv)),
+        input=key, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    status, _, said = done.stdout.strip().partition(" ")
     return int(status), said
 
 
