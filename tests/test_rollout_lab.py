@@ -78,6 +78,9 @@ LOAD_RATE = 0.5
 LOAD_TIMEOUT = 300
 FLAT_OUT_CLIENTS = 16
 FLAT_OUT_SECONDS = 20
+# Requests of the new key's client served before it stops (the key-rotation stage): a
+# few, so both hosts' doors are seen passing the new key.
+SWITCHED_SERVED = 6
 LOAD_REQUEST = {"model": "tiny-llama", "prompt": "socketwise rolls out", "max_tokens": 32}
 
 
@@ -247,10 +250,12 @@ class Load:
     """Open-loop load through the fleet front door for as long as it takes: a completion
     every 1/rate seconds (LOAD_RATE unless given), each on a thread of its
     own (a slow answer never delays the next send), from before a change starts until
-    after it ends. A request fails when the front door answers other than 200, or not at
-    all."""
+    after it ends, or until SERVED requests were served when given. A request fails when
+    the front door answers other than 200, or not at all."""
 
-    def __init__(self, fleet: Fleet, key: str | None = None, rate: float = LOAD_RATE):
+    def __init__(
+        self, fleet: Fleet, key: str | None = None, rate: float = LOAD_RATE, served: int = 0
+    ):
         self.address = fleet.machines[DOOR].address
         self.key = key or api_key_path().read_text().strip()
         self.rate = rate
@@ -262,6 +267,7 @@ class Load:
         self.requests: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.served = served
         self.launcher = threading.Thread(target=self._launch, daemon=True)
         self.launcher.start()
 
@@ -283,6 +289,8 @@ class Load:
             status = 0
         with self.lock:
             self.answered.append((sent, time.monotonic(), status))
+            if self.served and sum(s == 200 for _, _, s in self.answered) >= self.served:
+                self.stopping.set()
 
     def finish(self) -> dict:
         """sent, completed, failed, `windows`: when the load ran, as epoch seconds (one
@@ -331,7 +339,50 @@ def failed_story(fleet: Fleet, load: dict) -> str:
         )  # fmt: skip
         for host, unit in DOOR_UNITS.items()
     ]
-    return "\n".join([told(load), *failures, *logs])
+    return "\n".join(
+        [
+            told(load),
+            f"(+0 s is {load['windows'][0][0]:.1f} in the logs' time)",
+            *failures,
+            *logs,
+            *engines_story(fleet, load),
+        ]
+    )
+
+
+# Each serving host's engines: their state, the state of each of their processes'
+# threads and what they logged (an engine that stops answering is seen from inside).
+ENGINES_STORY = (
+    "for unit in $(systemctl list-units --plain --no-legend 'socketwise-vllm-*' | cut -d' ' -f1); "
+    'do echo "--- $unit"; '
+    "systemctl show -p ActiveState -p NRestarts -p MainPID $unit | paste -sd' '; "
+    "main=$(systemctl show -p MainPID --value $unit); "
+    "ps -L -o pid,tid,stat,pcpu,wchan:22,comm --pid $main --ppid $main "
+    "| awk 'NR == 1 || $4 > 0.5 || $3 !~ /S/'; "
+    "journalctl -o short-unix --since @{since} -u $unit | grep -v -e ' 200 OK' | tail -15; done"
+)
+
+
+def engines_story(fleet: Fleet, load: dict) -> list[str]:
+    since = f"{load['windows'][0][0]:.0f}"
+    return [
+        f"=== {host}\n" + fleet.on(host, ENGINES_STORY.format(since=since)) + python_stacks(host)
+        for host in SERVING
+    ]
+
+
+def python_stacks(host: str) -> str:
+    """Each Python thread's stack in HOST's engines (py-spy, from here: the lab's machines
+    are this kernel's processes), for an engine that stops answering."""
+    spy = Path(sys.executable).with_name("py-spy")
+    stacks = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if f"/{host}/payload/system.slice/socketwise-vllm-" in (proc / "cgroup").read_text():
+                done = subprocess.run([spy, "dump", "--pid", proc.name], capture_output=True,
+                                      text=True, timeout=60)  # fmt: skip
+                stacks.append(done.stdout + done.stderr)
+    return "\n".join(stacks)
 
 
 def told(load: dict) -> str:
@@ -916,13 +967,17 @@ def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(
 def rotated(fleet, gated_canary) -> tuple[PlaybookRun, dict, dict, dict, str]:
     """The client key rotated with rollout.yml: a new key, the lab's as the previous one.
     The load sends the previous key throughout; a second client sends the new one from
-    before the rollout starts."""
+    before the rollout starts, twice a second to see the switch closely, until SWITCHED_SERVED
+    of its requests were served: the fleet door refuses it cheaply until then, but once
+    served, at five times LOAD_RATE, it would keep every engine's worker polling (the
+    fleet guide), and an engine beside the other lab's benchmark answered nothing for
+    minutes (its door marked it down, a request of the load in it)."""
     new = fleet.work / "new-api-key"
     new.write_text(secrets.token_hex(24) + "\n")
     new.chmod(0o600)
     before = {host: fleet.footprint(host)["started"] for host in SERVING}
     doors = {host: fleet.main_pid(host, unit) for host, unit in DOOR_UNITS.items()}
-    switched = Load(fleet, new.read_text().strip(), rate=2)
+    switched = Load(fleet, new.read_text().strip(), rate=2, served=SWITCHED_SERVED)
     try:
         done, seconds, load = rollout_under_load(
             fleet,
