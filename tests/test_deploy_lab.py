@@ -623,11 +623,16 @@ def test_a_restart_the_deploy_asks_for_is_not_counted_as_a_crash(machine, artifa
     # Five starts inside the unit's window, its StartLimitBurst, as a sweep's rounds or
     # repeated deploys make them (each stopped again while vLLM imports, which is quick).
     on_host(machine, f"systemctl reset-failed {unit}; for i in 1 2 3 4 5; do"
-            f" systemctl restart {unit} && sleep 1; done; systemctl stop {unit}")  # fmt: skip
-    # A sixth, with the unit unchanged: the deploy's restart starts it and it serves.
-    run = deploy(artifacts, "-e", "plan_layout=sn", "-e", "vllm_service_fresh_start=true")
+            f" systemctl restart {unit} && sleep 1; done")  # fmt: skip
+    # A sixth: the unit file written after its server started, as a deploy stopped between
+    # writing it and restarting the server leaves it. The next deploy writes nothing new,
+    # restarts that server alone, and it serves.
+    running = on_host(machine, f"systemctl show -p MainPID --value {unit}")
+    on_host(machine, f"touch /etc/systemd/system/{unit}")
+    run = deploy(artifacts, "-e", "plan_layout=sn")
     assert run.returncode == 0, run.output[-4000:]
     assert on_host(machine, f"systemctl is-active {unit}") == "active"
+    assert on_host(machine, f"systemctl show -p MainPID --value {unit}") != running
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
 
 
