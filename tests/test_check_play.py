@@ -135,6 +135,30 @@ REFUSED = [
         "vllm_service_backend_address='::1%lo': has a zone (%...), which no door or engine takes",
     ),
     (
+        # The certificate's variable misspelled: the door would serve plain HTTP with the
+        # key in cleartext on the host.
+        "tls-key-alone",
+        {"vllm_service_tls_key": "/etc/hostname"},
+        "vllm_service_tls_key is set but vllm_service_tls_cert is empty; give both PEM files",
+    ),
+    (
+        "tls-cert-missing",
+        {"vllm_service_tls_cert": "/nonexistent/door.pem", "vllm_service_tls_key": "/etc/hostname"},
+        "vllm_service_tls_cert=/nonexistent/door.pem: no such file on the controller; give the PEM "
+        "certificate's path",
+    ),
+    (
+        "tls-key-missing",
+        {"vllm_service_tls_cert": "/etc/hostname", "vllm_service_tls_key": "/nonexistent/door.key"},
+        "vllm_service_tls_key=/nonexistent/door.key: no such file on the controller",
+    ),
+    (
+        "key-file-missing",
+        {"vllm_service_api_key": "", "vllm_service_api_key_file": "/nonexistent/api-key"},
+        "vllm_service_api_key_file=/nonexistent/api-key: no such file on the controller; write "
+        "the key there",
+    ),
+    (
         "model-len",
         {"vllm_service_max_model_len": 0},
         "vllm_service_max_model_len=0: is not a number of tokens",
