@@ -125,6 +125,9 @@ class Recorder(ThreadingHTTPServer):
         super().__init__((ADDRESS, 0), _Handler)
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
+        # Held requests (X-Delay) being answered now, and the most at once since `most`
+        # was last set.
+        self.in_flight = self.most = 0
 
     def probed(self, probe: str) -> list[Seen]:
         """The requests that carried this probe header (health checks carry none)."""
@@ -144,7 +147,7 @@ class EngineSocket(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def __init__(self, path: Path, recorder: Recorder) -> None:
         super().__init__(str(path), _Handler)
-        self.seen, self.lock = recorder.seen, recorder.lock
+        self.seen, self.lock, self.recorder = recorder.seen, recorder.lock, recorder
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass
@@ -158,7 +161,15 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
-        time.sleep(float(headers.get("x-delay", 0)))  # a request still in flight
+        # The held requests count (the doors' health checks, which maxconn leaves out, not).
+        held = float(headers.get("x-delay", 0))
+        counted = getattr(self.server, "recorder", self.server)
+        with self.server.lock:
+            counted.in_flight += held > 0
+            counted.most = max(counted.most, counted.in_flight)
+        time.sleep(held)  # a request still in flight
+        with self.server.lock:
+            counted.in_flight -= held > 0
         with self.server.lock:
             self.server.seen.append(Seen(self.command, self.path, headers, body))
         answer = json.dumps({"object": "list", "data": []}).encode()
@@ -747,6 +758,28 @@ def test_openai_routes_with_the_key_reach_the_instance_unchanged(front, door, me
         assert (seen.method, seen.path) == (method, path)
         assert seen.headers["authorization"] == sent_on(door, KEY)
         assert seen.body == (body or b"")
+
+
+def test_the_host_door_sends_an_instance_no_more_than_its_planned_connections(front):
+    """The plan's max_connections (8 for the test's instance) is the most requests the
+    instance has at once: twice as many sent together wait their turn in the door's queue
+    (not in vLLM's, where they would take KV cache and preempt each other) and are all
+    served."""
+    cap, statuses = 8, []
+    with front.server.lock:
+        front.server.most = 0
+
+    def one() -> None:
+        held = bearer(KEY) | {"X-Delay": "1"}
+        statuses.append(send(front, "host", "POST", "/v1/completions", held, COMPLETION).status)
+
+    threads = [threading.Thread(target=one) for _ in range(2 * cap)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses == [200] * 2 * cap
+    assert front.server.most == cap
 
 
 @pytest.mark.parametrize("door", DOORS)
