@@ -99,10 +99,11 @@ def test_a_server_running_since_before_its_files_were_written_is_outdated(server
     assert state.outdated({"socketwise-vllm-sn.service": os.getpid()}, missing) == []
 
 
-def restarts(tmp_path, outdated: list[str], fresh_start: bool = False) -> list[str]:
-    """The instances the role's own __vllm_service_restarts names (Ansible evaluating
-    its vars/main.yml) on a DP-2 host where dp0's unit file changed in this deploy and
-    render.yml found OUTDATED."""
+def decided(tmp_path, outdated: list[str], fresh_start: bool = False) -> tuple[list[str], bool]:
+    """What the role's own vars/main.yml decides (Ansible evaluating it) on a DP-2 host
+    where dp0's unit file changed in this deploy and render.yml found OUTDATED: the
+    instances __vllm_service_restarts names, and whether the image method's Podman
+    secrets are made anew (__vllm_service_podman_secrets_anew)."""
     given = {
         "socketwise_plan": {"instances": [{"name": "vllm-dp0"}, {"name": "vllm-dp1"}]},
         "__vllm_service_typed": {"vllm_service_fresh_start": fresh_start},
@@ -113,24 +114,28 @@ def restarts(tmp_path, outdated: list[str], fresh_start: bool = False) -> list[s
         ]},
         "__vllm_service_host": {"outdated": outdated},
     }  # fmt: skip
+    shown = (
+        "RESTARTS {{ __vllm_service_restarts | map(attribute='name') | join(',') }} "
+        "ANEW {{ __vllm_service_podman_secrets_anew }}"
+    )
     play = [{
         "hosts": "localhost", "gather_facts": False,
         "vars_files": [str(REPO / "roles/vllm_service/vars/main.yml")],
-        "tasks": [{"ansible.builtin.debug": {
-            "msg": "RESTARTS {{ __vllm_service_restarts | map(attribute='name') | join(',') }}"
-        }}],
+        "tasks": [{"ansible.builtin.debug": {"msg": shown}}],
     }]  # fmt: skip
     (tmp_path / "play.yml").write_text(json.dumps(play))
     # Extra vars: above the role's own, as the tasks' registered results are.
     done = run_playbook(str(tmp_path / "play.yml"), "-i", "localhost,", "-c", "local",
                         "-e", json.dumps(given))  # fmt: skip
     assert done.returncode == 0, done.output
-    return re.search(r"RESTARTS ([\w,-]*)", done.output).group(1).split(",")
+    restarts, anew = re.search(r"RESTARTS ([\w,-]*) ANEW (\w+)", done.output).groups()
+    return restarts.split(","), anew == "True"
 
 
 def test_the_deploy_restarts_the_outdated_instances_beside_the_changed_ones_once(tmp_path):
-    assert restarts(tmp_path, []) == ["vllm-dp0"]
+    assert decided(tmp_path, []) == (["vllm-dp0"], False)
     outdated = ["socketwise-vllm-dp0.service", "socketwise-vllm-dp1.service"]
-    assert restarts(tmp_path, outdated) == ["vllm-dp0", "vllm-dp1"]
-    assert restarts(tmp_path, outdated[1:]) == ["vllm-dp0", "vllm-dp1"]
-    assert restarts(tmp_path, [], fresh_start=True) == ["vllm-dp0", "vllm-dp1"]
+    assert decided(tmp_path, outdated) == (["vllm-dp0", "vllm-dp1"], True)
+    # An image's server restarted for an earlier deploy's vllm.env gets its secrets anew.
+    assert decided(tmp_path, outdated[1:]) == (["vllm-dp0", "vllm-dp1"], True)
+    assert decided(tmp_path, [], fresh_start=True) == (["vllm-dp0", "vllm-dp1"], False)
