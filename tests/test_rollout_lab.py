@@ -355,7 +355,7 @@ def failed_story(fleet: Fleet, load: dict) -> str:
 ENGINES_STORY = (
     "for unit in $(systemctl list-units --plain --no-legend 'socketwise-vllm-*' | cut -d' ' -f1); "
     'do echo "--- $unit"; '
-    "systemctl show -p ActiveState -p NRestarts -p MainPID $unit | paste -sd' '; "
+    "systemctl show -p ActiveState -p NRestarts $unit | paste -sd' '; "
     "main=$(systemctl show -p MainPID --value $unit); "
     "ps -L -o pid,tid,stat,pcpu,wchan:22,comm --pid $main --ppid $main "
     "| awk 'NR == 1 || $4 > 0.5 || $3 !~ /S/'; "
