@@ -8,7 +8,10 @@ import asyncio
 import json
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 
 from socketwise.lab import machines as lab
 from socketwise.measure import benchrun, guidellm_sse, sweep
+from socketwise.serve import doorcerts
 from tests.shipped import host_python, ship
 from tests.test_power import burn, two_sockets
 
@@ -92,6 +96,45 @@ def test_the_load_generators_reach_the_endpoint_around_the_host_s_proxy(tmp_path
     assert environment["no_proxy"] == environment["NO_PROXY"] == "mirror.internal,127.0.0.11"
     assert environment["https_proxy"] == "http://127.0.0.1:9", "the outside is still proxied"
     assert benchrun.guidellm_env(benchrun.Auth(SPEC, tmp_path))["NO_PROXY"].endswith("127.0.0.11")
+
+
+def test_both_tools_verify_a_tls_door_against_the_ca_that_signed_it(tmp_path):
+    """The spec's ca_file reaches each tool as SSL_CERT_FILE, which the default TLS context
+    of their HTTP clients loads (aiohttp and httpx build theirs as this one does): a
+    kit-issued door verifies with it, and without it the same door is refused. No tool is
+    told to take any certificate."""
+    door = doorcerts.door(tmp_path / "credentials", "edge-01", ["127.0.0.1"])
+    spec = SPEC | {"base_url": "https://127.0.0.1:8000/v1", "ca_file": door["ca"]}
+    auth = benchrun.Auth(spec, tmp_path)
+    step = {"name": "s", "num_prompts": 4, "input_len": 8, "output_len": 8, "concurrency": 1}
+    assert "--insecure" not in benchrun.vllm_args(spec, step, tmp_path, auth)
+    for environment in (auth.environment(), benchrun.guidellm_env(auth)):
+        assert environment["SSL_CERT_FILE"] == door["ca"]
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(door["pem"])
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = (
+            "import socket, ssl, sys;"
+            "raw = socket.create_connection(('127.0.0.1', int(sys.argv[1])));"
+            "ssl.create_default_context().wrap_socket(raw, server_hostname='127.0.0.1').close()"
+        )
+        for environment, verified in (
+            (auth.environment(), True),
+            (benchrun.Auth(SPEC, tmp_path).environment(), False),
+        ):
+            connecting = subprocess.Popen(
+                [sys.executable, "-c", client, str(listener.getsockname()[1])],
+                env=environment, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            connection, _ = listener.accept()
+            try:
+                server.wrap_socket(connection, server_side=True).close()
+            except (ssl.SSLError, OSError):
+                connection.close()
+            _, said = connecting.communicate(timeout=30)
+            assert (connecting.returncode == 0) == verified, said
+            if not verified:
+                assert "CERTIFICATE_VERIFY_FAILED" in said
 
 
 def test_warm_up_requests_go_first_and_only_when_the_step_asks(tmp_path):

@@ -142,6 +142,17 @@ REFUSED = [
         "vllm_service_tls_key is set but vllm_service_tls_cert is empty; give both PEM files",
     ),
     (
+        # The kit would issue its own certificate and leave the key given unused.
+        "tls-key-with-kit-tls",
+        {"vllm_service_tls": True, "vllm_service_tls_key": "/etc/hostname"},
+        "vllm_service_tls_key is set but vllm_service_tls_cert is empty; give both PEM files",
+    ),
+    (
+        "tls-name",
+        {"vllm_service_tls": True, "vllm_service_tls_names": ["door.example", "bad name"]},
+        "'bad name' is neither an IP address nor a DNS name; fix it in vllm_service_tls_names",
+    ),
+    (
         "tls-cert-missing",
         {"vllm_service_tls_cert": "/nonexistent/door.pem", "vllm_service_tls_key": "/etc/hostname"},
         "vllm_service_tls_cert=/nonexistent/door.pem: no such file on the controller; give the PEM "
@@ -229,6 +240,12 @@ def test_the_fleet_front_door_passes_the_same_checks(inventory, tmp_path):
         ("vllm_service_api_key=", "vllm_service_api_key: is empty and the front door listens"),
         # The CA verifies hosts' TLS doors: this host's door serves plain HTTP.
         (f"vllm_service_fleet_ca_file={ca}", f"vllm_service_fleet_ca_file={ca}: {HOST} serves"),
+        # The fleet door verifies a host's own certificate, and was given no CA for it.
+        (
+            {"vllm_service_tls_cert": str(ca), "vllm_service_tls_key": str(tmp_path / "ca.key")},
+            f"{HOST} serves TLS with its own vllm_service_tls_cert={ca} and the fleet door "
+            "verifies it: give the CA that signed it in vllm_service_fleet_ca_file",
+        ),
     ):
         run = check(inventory, given, "--limit=lb-01")
         assert refusal(run).startswith(f"lb-01: {words}"), refusal(run)

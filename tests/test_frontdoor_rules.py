@@ -266,6 +266,10 @@ HOSTS_OF = {
 HOST_ONLY_KEY = "sk-host-only-" + uuid.uuid4().hex
 # Where the role's fleet-credentials.yml makes the fleet door's client certificate and CA.
 KIT = "kit-credentials"
+# Where its door-certificate.yml makes the kit's door CA and issues the host door's
+# certificate of vllm_service_tls (for localhost, the play's host, and ADDRESS).
+DOOR_KIT = "door-credentials"
+KIT_ISSUED = ("fleet-kit", "fleet-kit-misnamed")
 
 
 def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) -> dict:
@@ -290,6 +294,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
     others += ("host-pinned",)
     others += ("fleet-retry",)
     others += ("engine-gone",)
+    others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
     plan = {
@@ -361,6 +366,33 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
             "haproxy.cfg.j2",
             own_listener(directory, "host-own-keys", plan, ports["host-own-keys"]) | fleet_client,
         ),
+        # vllm_service_tls: the certificate the role's task issued (start() gives the door).
+        "host-kit": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "host-kit", plan, ports["host-kit"]) | fleet_client,
+        ),
+        # Fleet doors over it (vllm_service_fleet_verify's default), under the name its
+        # certificate carries and under another host's.
+        **{
+            name: (
+                "fleet-haproxy.cfg.j2",
+                {
+                    "vllm_service_fleet_port": ports[name],
+                    "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
+                    "__vllm_service_fleet_servers": [
+                        {
+                            "name": server,
+                            "address": ADDRESS,
+                            "port": ports["host-kit"],
+                            "tls": True,
+                            "kit": True,
+                        }
+                    ],  # fmt: skip
+                    "__vllm_service_fleet_ca": str(directory / DOOR_KIT / "door-ca.pem"),
+                },
+            )
+            for name, server in zip(KIT_ISSUED, ("localhost", "host1"), strict=True)
+        },
         "host-pinned": (
             "haproxy.cfg.j2",
             own_listener(directory, "host-pinned", plan, ports["host-pinned"])
@@ -483,6 +515,11 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
                     "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
                     "vars": {"vllm_service_credentials_dir": str(directory / KIT)},
                 },
+                {
+                    "name": "Issue the door's certificate from the kit's CA",
+                    "ansible.builtin.include_tasks": str(role / "tasks/door-certificate.yml"),
+                    "vars": {"vllm_service_credentials_dir": str(directory / DOOR_KIT)},
+                },
                 # The fleet's one host (localhost here) was given that CA this run
                 # (fleet-client-ca.yml's copy): it takes the certificate by now.
                 {
@@ -513,7 +550,7 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    tls_doors = (*TLS_DOORS, "host-own-keys", "host-pinned", "rotating-tls")
+    tls_doors = (*TLS_DOORS, "host-own-keys", "host-pinned", "rotating-tls", "host-kit")
     doors = {name: Door(name, ports[name], name in tls_doors) for name in tasks}
     return doors | {name: Door(name, ports[name]) for name in SECOND_LISTENERS}
 
@@ -568,10 +605,17 @@ def credentials(directory: Path) -> Path:
     return given
 
 
-def own_files(given: Path) -> Path:
-    """A door's own copy of the certificates, which a test may renew."""
-    own = given.parent / "rotating-tls-files"
+def own_files(given: Path, door: str) -> Path:
+    """DOOR's own copy of the certificates, which a test may renew."""
+    own = given.parent / f"{door}-files"
     shutil.copytree(given, own, dirs_exist_ok=True)
+    return own
+
+
+def kit_issued(directory: Path, given: Path) -> Path:
+    """The certificates with frontdoor.pem the one door-certificate.yml issued."""
+    own = own_files(given, "host-kit")
+    shutil.copy(directory / DOOR_KIT / "doors" / "localhost.pem", own / "frontdoor.pem")
     return own
 
 
@@ -600,8 +644,12 @@ def start(door: Door, directory: Path, given: Path) -> subprocess.Popen:
         SOCKETWISE_BACKEND_KEY=BACKEND,
         SOCKETWISE_CLIENT_KEYS=str(keys),
         SOCKETWISE_SCRAPE_KEYS=str(write_keys(directory / f"{door.name}-scrape-keys", SCRAPE)),
-        SOCKETWISE_DOOR_FILES=str(given if door.name != "rotating-tls" else own_files(given)),
-    )
+        SOCKETWISE_DOOR_FILES=str(
+            own_files(given, "rotating-tls") if door.name == "rotating-tls"
+            else kit_issued(directory, given) if door.name == "host-kit"
+            else given
+        ),
+    )  # fmt: skip
     config = directory / f"{door.name}.cfg"
     log = directory / f"{door.name}.log"
     checked = subprocess.run(
@@ -1208,6 +1256,18 @@ def test_a_fleet_door_given_the_hosts_ca_passes_only_a_door_it_signed(front):
     other = send(front, "fleet-other-ca", "POST", "/v1/completions", bearer(KEY), COMPLETION)
     assert (other.status, other.reached) == (503, []), other
     assert "fleet/host1 is DOWN, reason: Layer6 invalid response" in front.log("fleet-other-ca")
+
+
+def test_a_fleet_door_verifies_a_kit_issued_host_door_by_the_hosts_name(front):
+    """vllm_service_tls's certificate, issued by the role's own task from the kit's CA: a
+    fleet door verifies by default, passes the host's door under the name the certificate
+    carries, and refuses the same door under another host's name (its certificate in
+    that host's place) before anything reaches it."""
+    named = send(front, "fleet-kit", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert named.status == 200 and len(named.reached) == 1, named
+    misnamed = send(front, "fleet-kit-misnamed", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert (misnamed.status, misnamed.reached) == (503, []), misnamed
+    assert "fleet/host1 is DOWN, reason: Layer6 invalid response" in front.log("fleet-kit-misnamed")
 
 
 def test_a_fleet_door_reaches_a_tls_host_door_with_its_certificate_not_the_clients_key(front):

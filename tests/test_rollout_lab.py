@@ -17,8 +17,11 @@ import contextlib
 import http.client
 import http.server
 import json
+import re
 import secrets
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -427,6 +430,12 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         inventory = eager_inventory(work / "inventory")
         (inventory / "host_vars").mkdir()
         (inventory / "host_vars" / f"{DP_HOST}.yml").write_text("plan_layout: dp\n")
+        # The serving hosts' doors speak TLS with the certificates the kit's CA issues them,
+        # and the fleet door verifies them (vllm_service_fleet_verify's default).
+        (inventory / "tls.yml").write_text(
+            json.dumps({"all": {"children": {"tls_doors": {"hosts": dict.fromkeys(SERVING, {})}}}})
+        )
+        (inventory / "group_vars" / "tls_doors.yml").write_text("vllm_service_tls: true\n")
         # The fleet door's machine is the monitor too.
         (inventory / "monitor.yml").write_text(
             json.dumps({"all": {"children": {"socketwise_monitor": {"hosts": {MONITOR: {}}}}}})
@@ -609,6 +618,54 @@ def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(flee
     assert fleet.on(DOOR, "stat -c %a /run/socketwise-fleet") == "700"
 
 
+def test_the_fleet_door_verifies_each_hosts_door_which_takes_its_certificate_alone(
+    fleet, noop, tmp_path
+):
+    """The kit's CA issued each serving host's door certificate (vllm_service_tls): the
+    fleet door verifies each by its host's name (it served through both above), a client
+    verifies it against the kit's CA by the host's address and not as another host, and a
+    host's door takes the fleet door's own certificate in place of the key, not another
+    the kit's CA signed under the same name."""
+    key = api_key_path().read_text().strip()
+    credentials = fleet.inventory / "credentials"
+    ca = credentials / "door-ca.pem"
+    config = fleet.on(DOOR, "cat /etc/socketwise/fleet-haproxy.cfg")
+    impostor = tmp_path / "impostor.pem"
+    signer = ["-CA", str(ca), "-CAkey", str(credentials / "door-ca.key")]
+    subprocess.run(
+        ["bash", "-c", f"""set -e; cd {tmp_path}
+openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+  -subj '/CN=socketwise fleet door' -keyout k -out csr 2>/dev/null
+printf 'extendedKeyUsage=clientAuth\n' > ext
+openssl x509 -req -in csr {' '.join(signer)} -days 1 -extfile ext -out c 2>/dev/null
+cat c k > {impostor}"""],
+        check=True,
+    )  # fmt: skip
+    for host, other in zip(SERVING, reversed(SERVING), strict=True):
+        address = fleet.machines[host].address
+        assert re.search(
+            rf"server {host} \S+ .* ssl verify required ca-file \S+ verifyhost {host} ", config
+        ), config
+        assert frontdoor.call(address, FLEET_PORT, "/v1/models", key, ca=ca)[0] == 200, host
+        with (
+            pytest.raises(ssl.SSLCertVerificationError),
+            socket.create_connection((address, FLEET_PORT), timeout=10) as raw,
+        ):
+            ssl.create_default_context(cafile=ca).wrap_socket(raw, server_hostname=other)
+        fleet_door = frontdoor.call(
+            address, FLEET_PORT, "/v1/completions", None, frontdoor.COMPLETION, ca=ca,
+            cert=credentials / "fleet-client.pem",
+        )  # fmt: skip
+        assert fleet_door[0] == 200, (host, fleet_door)
+        # The host's door checks the certificate against the fleet door's client CA: the
+        # impostor does not pass the handshake.
+        with pytest.raises(ssl.SSLError):
+            frontdoor.call(
+                address, FLEET_PORT, "/v1/completions", None, frontdoor.COMPLETION, ca=ca,
+                cert=impostor,
+            )  # fmt: skip
+
+
 def test_each_engine_is_reached_by_its_door_alone_its_own_sockets_in_its_own_network(fleet, noop):
     # These hosts' root holds CAP_NET_ADMIN: each instance's unit has a network namespace
     # of its own, so its engines' rendezvous, queues and gloo are on a loopback nothing
@@ -728,7 +785,8 @@ def test_the_metrics_door_asks_for_the_scrape_token_and_takes_only_the_monitor(f
     assert f"table inet socketwise_metrics_{SN_HOST}" in fleet.on(SN_HOST, "nft list tables")
     # The public doors keep refusing /metrics, with the token too.
     key = api_key_path().read_text().strip()
-    assert frontdoor.call(fleet.machines[SN_HOST].address, FLEET_PORT, "/metrics", key)[0] == 403
+    sn = fleet.machines[SN_HOST].address
+    assert frontdoor.call(sn, FLEET_PORT, "/metrics", key, tls=True)[0] == 403
 
 
 def test_every_metric_the_dashboard_and_the_alerts_read_is_one_the_fleet_exposes(fleet, noop):
@@ -820,7 +878,8 @@ def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched
     assert DP_HOST not in summary
     assert fleet.footprint(DP_HOST) == before[DP_HOST]
     key = api_key_path().read_text().strip()
-    assert frontdoor.completion_tokens(fleet.machines[SN_HOST].address, FLEET_PORT, key) > 0
+    sn = fleet.machines[SN_HOST].address
+    assert frontdoor.completion_tokens(sn, FLEET_PORT, key, tls=True) > 0
     # Serving there: UP, or UP with a check just missed on the busy lab ("UP 1/2").
     assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
 
@@ -857,7 +916,8 @@ def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet,
     assert named == {figure for figure, out in outside.items() if out}, bench
     assert entry["rolled_back"] and entry["release_after"] == entry["release_before"] == before
     key = api_key_path().read_text().strip()
-    assert frontdoor.completion_tokens(fleet.machines[SN_HOST].address, FLEET_PORT, key) > 0
+    sn = fleet.machines[SN_HOST].address
+    assert frontdoor.completion_tokens(sn, FLEET_PORT, key, tls=True) > 0
     assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
 
 
@@ -1026,6 +1086,7 @@ def test_a_key_rotation_under_load_reloads_the_doors_and_loses_no_request(fleet,
     old = api_key_path().read_text().strip()
     for host in DOOR_UNITS:
         address = fleet.machines[host].address
+        tls = host in SERVING
         for key in (new, old):
-            assert frontdoor.completion_tokens(address, FLEET_PORT, key) > 0, host
-        assert frontdoor.call(address, FLEET_PORT, "/v1/models", new[:-1])[0] == 401, host
+            assert frontdoor.completion_tokens(address, FLEET_PORT, key, tls) > 0, host
+        assert frontdoor.call(address, FLEET_PORT, "/v1/models", new[:-1], tls=tls)[0] == 401, host

@@ -457,6 +457,23 @@ def test_a_fleet_ca_must_have_signed_every_host_s_door(tmp_path):
     assert "not a PEM CA certificate" in error
     (error,) = fleet_ca_errors(str(tmp_path / "missing.crt"), servers)
     assert "not a PEM CA certificate" in error
+    # A door the kit's CA issued is verified with that CA, beside the operator's or alone.
+    kit = {"name": "edge-05", "tls": True, "kit": True, "cert": ""}
+    assert fleet_ca_errors(ca, [*servers, kit]) == []
+    assert fleet_ca_errors("", [kit, {"name": "edge-06", "tls": False, "cert": ""}]) == []
+
+
+def test_a_host_door_of_the_operators_own_certificate_needs_the_ca_that_verifies_it(tmp_path):
+    """The fleet door verifies by default: without vllm_service_fleet_ca_file, a host with
+    its own certificate is refused in one line naming both ways out."""
+    own = {"name": "edge-01", "tls": True, "cert": "/pki/edge-01.crt"}
+    (error,) = fleet_ca_errors("", [own, {"name": "edge-02", "tls": False, "cert": ""}])
+    assert error == (
+        "edge-01 serves TLS with its own vllm_service_tls_cert=/pki/edge-01.crt and the fleet "
+        "door verifies it: give the CA that signed it in vllm_service_fleet_ca_file, or set "
+        "vllm_service_fleet_verify: false to take it unverified"
+    )
+    assert fleet_ca_errors("", [own], verify=False) == []
 
 
 def test_a_certificates_pin_is_openssls_sha256_fingerprint_and_never_reads_the_key(tmp_path):

@@ -27,6 +27,7 @@ two hosts' clocks must agree (NTP) when they are two machines.
 SPEC: {"out": DIR, "tool": "vllm"|"guidellm", "loadgen": HOST, "python": TOOL_VENV_PYTHON,
        "base_url": URL the load generator uses, "metrics_urls": [URL/metrics, ...],
        "api_key_file": root-only file with the front door's API key (optional),
+       "ca_file": the CA that verifies an https base_url (optional; else the system's),
        "model": NAME, "tokenizer": DIR, "seed": 0, "idle_seconds": 5,
        "sample_seconds": 2,
        "steps": [{"name": "c1", "concurrency": 1, "num_prompts": 8,
@@ -108,16 +109,21 @@ class Auth:
     """The API key where each load generator takes it: vLLM's benchmark from its
     environment, GuideLLM from a scenario file in a private temporary directory. Never on
     a command line, in a log or in the run directory, nor through the host's proxy: both
-    tools honour the proxy variables, so the environment exempts the endpoint."""
+    tools honour the proxy variables, so the environment exempts the endpoint. A TLS door
+    is verified, never taken as it comes: against the CA that signed it (the spec's
+    ca_file, as SSL_CERT_FILE, which both tools' HTTP clients read), else the system's."""
 
     def __init__(self, spec: dict, private: Path) -> None:
         path = spec.get("api_key_file")
         self.key = Path(path).read_text().strip() if path else ""
         self.private = private
         self.base_url = spec["base_url"]
+        self.ca_file = spec.get("ca_file") or ""
 
     def environment(self) -> dict[str, str]:
         direct = bypassing_proxies(os.environ, self.base_url)
+        if self.ca_file:
+            direct["SSL_CERT_FILE"] = self.ca_file
         return {**direct, "OPENAI_API_KEY": self.key} if self.key else direct
 
     def guidellm_scenario(self) -> list[str]:
@@ -155,8 +161,6 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
         # Requests sent, and left out of the figures, first: a server just restarted
         # answers its first requests slower.
         args += ["--num-warmups", str(step["warmups"])]
-    if spec["base_url"].startswith("https://") and spec.get("insecure"):
-        args.append("--insecure")
     return args
 
 

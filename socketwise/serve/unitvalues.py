@@ -402,11 +402,24 @@ def certificate_sha256(path: str) -> str:
     return hashlib.sha256(ssl.PEM_cert_to_DER_cert(found.group(0))).hexdigest().upper()
 
 
-def fleet_ca_errors(ca: str, servers: list[dict]) -> list[str]:
-    """Why the fleet door could not verify every host's door with the CA certificate CA
-    (a file on the controller): not a certificate, a host serving plain HTTP, or a host's
-    certificate (`cert`, its vllm_service_tls_cert) the CA did not sign. SERVERS: the
-    fleet's servers ({name, tls, cert})."""
+def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[str]:
+    """Why the fleet door could not verify every host's door: CA (vllm_service_fleet_ca_file,
+    a file on the controller, or "") not a certificate, a host serving plain HTTP beside it,
+    a host's own certificate (`cert`, its vllm_service_tls_cert) the CA did not sign or no
+    CA given for one. A door the kit's CA issued (`kit`) is verified with that CA. SERVERS:
+    the fleet's servers ({name, tls, kit, cert}); VERIFY: vllm_service_fleet_verify."""
+    own = [server for server in servers if not server.get("kit")]
+    if not verify:
+        return []
+    if not ca:
+        return [
+            f"{server['name']} serves TLS with its own vllm_service_tls_cert={server['cert']} "
+            "and the fleet door verifies it: give the CA that signed it in "
+            "vllm_service_fleet_ca_file, or set vllm_service_fleet_verify: false to take it "
+            "unverified"
+            for server in own
+            if server["tls"]
+        ]
     variable = f"vllm_service_fleet_ca_file={ca}"
     try:
         ssl.create_default_context(cafile=ca)
@@ -415,7 +428,7 @@ def fleet_ca_errors(ca: str, servers: list[dict]) -> list[str]:
         fix = "give the CA that signed the hosts' certificates"
         return [f"{variable}: not a PEM CA certificate ({reason}); {fix}"]
     errors = []
-    for server in servers:
+    for server in own:
         if not server["tls"]:
             errors.append(
                 f"{variable}: {server['name']} serves plain HTTP; give it vllm_service_tls_cert "

@@ -13,22 +13,33 @@ def _address(found, host, default_listen):
     return str(found.get("ansible_host", host)) if listen in WILDCARDS else listen
 
 
+def _switch(value):
+    """A switch as the inventory or -e gives it: a bool, or a string of one."""
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("true", "yes", "on", "1")
+
+
 def socketwise_fleet_servers(hosts, hostvars, default_listen):
-    """[{name, address, port, tls, cert}] for every serving host: its own front door's address
-    (its ansible_host when that binds a wildcard), the plan's port (plan_port, else 8000,
-    for a host this run did not plan) and whether it speaks TLS."""
+    """[{name, address, port, tls, kit, cert}] for every serving host: its own front door's
+    address (its ansible_host when that binds a wildcard), the plan's port (plan_port, else
+    8000, for a host this run did not plan), whether it speaks TLS and whether with the
+    certificate the kit's CA issued it (vllm_service_tls without a vllm_service_tls_cert)."""
     servers = []
     for host in hosts:
         found = hostvars[host]
         plan = found.get("socketwise_plan")
+        cert = str(found.get("vllm_service_tls_cert") or "")
+        kit = not cert and _switch(found.get("vllm_service_tls", False))
         servers.append(
             {
                 "name": host,
                 "address": _address(found, host, default_listen),
                 "port": int(plan["endpoint_port"] if plan else found.get("plan_port", 8000)),
-                "tls": bool(found.get("vllm_service_tls_cert")),
+                "tls": bool(cert) or kit,
+                "kit": kit,
                 # On the controller: play 1 checks it against vllm_service_fleet_ca_file.
-                "cert": str(found.get("vllm_service_tls_cert") or ""),
+                "cert": cert,
             }
         )
     return servers

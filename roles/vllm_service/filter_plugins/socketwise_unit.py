@@ -2,7 +2,8 @@
 `systemd_quote` and `socketwise_unit_value_errors`, `socketwise_secret_errors`,
 `socketwise_address_errors`, `socketwise_account_error`, `socketwise_number_errors`,
 `socketwise_listener_clashes`, `socketwise_tls_error`, `socketwise_fleet_ca_errors`,
-`socketwise_cert_sha256` (a certificate's pin),
+`socketwise_cert_sha256` (a certificate's pin), `socketwise_cert_names_error` (names the
+kit's door certificate cannot carry),
 `socketwise_gpu_devices` (a GPU unit's DeviceAllow= nodes); each
 unit's MemoryMax= and TasksMax=, sized from the plan: `socketwise_instance_limits`,
 `socketwise_stage_limits` and `socketwise_llamacpp_limits`. The same file serves the
@@ -13,6 +14,7 @@ from pathlib import Path
 
 try:
     from socketwise.serve import limits
+    from socketwise.serve.doorcerts import names_error
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
@@ -31,6 +33,7 @@ except ImportError:
     # the package sits three levels above this role's filter_plugins/.
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from socketwise.serve import limits
+    from socketwise.serve.doorcerts import names_error
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
@@ -81,6 +84,7 @@ class FilterModule:
             "socketwise_tls_error": socketwise_tls_error,
             "socketwise_fleet_ca_errors": fleet_ca_errors,
             "socketwise_cert_sha256": certificate_sha256,
+            "socketwise_cert_names_error": names_error,
             "socketwise_gpu_devices": gpu_devices,
             "socketwise_instance_limits": limits.instance_limits,
             "socketwise_stage_limits": limits.stage_limits,
