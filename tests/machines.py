@@ -406,6 +406,27 @@ MACHINES: dict[str, Machine] = {
             lambda a, b: "SYS",
         ),
     ),
+    # A Xeon E with its own Intel display device (00:02.0, before the cards in bus order)
+    # and two RTX A4000s off the CPU's root ports. The tree kept nvidia-smi's answers but
+    # not the driver's /proc files, so no GPU has a device minor.
+    "igpu-2gpu": Machine(
+        vendor="GenuineIntel",
+        model_name="Intel(R) Xeon(R) E-2388G CPU @ 3.20GHz",
+        family=6,
+        model=167,
+        flags=ICELAKE_FLAGS,
+        cores=[(0, 0, (c, c + 8)) for c in range(8)],
+        node_memory_gb={0: 64},
+        pci=(
+            Pci("pci0000:00/0000:00:02.0", "0x030000", "0x8086", -1, "0-15"),
+            Pci("pci0000:00/0000:00:01.0/0000:01:00.0", "0x030000", "0x10de", -1, "0-15"),
+            Pci("pci0000:00/0000:00:01.1/0000:02:00.0", "0x030000", "0x10de", -1, "0-15"),
+        ),
+        nvidia_smi=nvidia_smi_answers(
+            [(f"00000000:0{bus}:00.0", "NVIDIA RTX A4000", 16376, "0-15", 0) for bus in (1, 2)],
+            link_matrix(2, lambda a, b: "PHB"),
+        ),
+    ),
     # AMD GPUs: amdgpu tells memory and name in sysfs (no nvidia-smi).
     "mi210": Machine(
         vendor="AuthenticAMD",

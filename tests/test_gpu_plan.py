@@ -10,6 +10,7 @@ import pytest
 from socketwise.facts.topology import CAPTURED_NVIDIA_SMI, detect
 from socketwise.plan.nodes import PlanError
 from socketwise.plan.planner import PlanRequest, plan
+from socketwise.serve.unitvalues import NVIDIA_CONTROL_DEVICES, gpu_devices
 
 from .machines import link_matrix, nvidia_smi_answers
 
@@ -115,6 +116,29 @@ def test_the_pcie_box_pairs_the_gpus_behind_one_switch(gpu_plan):
     ]  # fmt: skip
     assert planned["instances"][0]["max_connections"] == 256
     assert "at most PIX apart" in planned["reason"]
+
+
+def test_an_intel_display_device_does_not_shift_the_nvidia_cards_numbers(gpu_plan):
+    # The Intel device comes first in bus order, but CUDA counts NVIDIA's cards only, and
+    # with no minors from the driver the unit's device nodes follow CUDA's numbers.
+    planned = gpu_plan("igpu-2gpu", model_gb=20)
+
+    (instance,) = planned["instances"]
+    assert (instance["gpus"], instance["cuda_visible_devices"]) == (
+        ["0000:01:00.0", "0000:02:00.0"], "0,1"
+    )  # fmt: skip
+    assert gpu_devices(instance["gpu_minors"]) == [
+        *NVIDIA_CONTROL_DEVICES, "/dev/nvidia0", "/dev/nvidia1"
+    ]  # fmt: skip
+
+
+def test_a_board_s_intel_display_device_serves_no_replica_beside_nvidia_cards(gpu_plan):
+    # A model one card holds: a replica on each NVIDIA card, none on the Intel device
+    # (a CUDA build cannot drive it; it took a replica, numbered as NVIDIA's card 0).
+    planned = gpu_plan("igpu-2gpu", model_gb=8)
+    assert [i["gpus"] for i in planned["instances"]] == [["0000:01:00.0"], ["0000:02:00.0"]]
+    assert [i["cuda_visible_devices"] for i in planned["instances"]] == ["0", "1"]
+    assert planned["build"]["device"] == "cuda"
 
 
 def test_the_hybrid_host_serves_a_model_its_gpu_holds_on_the_gpus_socket(gpu_plan):

@@ -18,6 +18,8 @@ shares its request, refusals and plan shape). Rules (see docs/guides/gpu-servers
 - Each rank's host CPUs are physical cores (the lowest logical CPU of each) of its GPU's
   node, less the node's reserve (`reserve_cores`, as on CPU hosts), split evenly between
   the ranks on that node; `cpus_allowed` is an instance's ranks' cores.
+- A host with GPUs of several vendors is planned on one vendor's: NVIDIA's, else AMD's,
+  else Intel's; the others are left out.
 - `cuda_visible_devices` numbers an instance's GPUs in PCI bus order among the host's GPUs
   of the same vendor (CUDA_DEVICE_ORDER=PCI_BUS_ID); `gpu_minors` are their device
   minors (/dev/nvidiaN, what the unit may open), the driver's where the topology has them,
@@ -63,11 +65,23 @@ class Gpu:
     minor: int | None = None
 
 
+# The vendor a host's plan serves on where it has GPUs of several: NVIDIA's, AMD's, then
+# Intel's (its display devices sit on boards beside other makers' cards).
+VENDOR_ORDER = ["nvidia", "amd", "intel"]
+
+
 def _gpus(topo: dict, request: PlanRequest) -> list[Gpu]:
-    """The topology's GPUs, each with its memory in GiB (gpu_memory_gb where unknown)."""
+    """The topology's GPUs of the vendor the plan serves on (VENDOR_ORDER's first the host
+    has), each with its memory in GiB (gpu_memory_gb where unknown)."""
+    entries = topo.get("gpus", [])
+    # One build serves one vendor's GPUs: a host's own display device of another maker
+    # (an Intel GPU on the board beside NVIDIA cards) is left out, unasked for its memory.
+    ranked = sorted({str(entry.get("vendor")) for entry in entries}, key=_vendor_rank)
     gpus = []
-    for i, entry in enumerate(topo.get("gpus", [])):
+    for i, entry in enumerate(entries):
         where = f"gpus[{i}]"
+        if str(entry.get("vendor")) != ranked[0]:
+            continue
         if not isinstance(entry.get("pci"), str):
             raise malformed(f"{where}.pci", "must be the GPU's PCI address")
         node, memory = entry.get("numa_node"), entry.get("memory_mb")
@@ -93,6 +107,10 @@ def _gpus(topo: dict, request: PlanRequest) -> list[Gpu]:
     if not gpus:
         raise PlanError("device", "the topology has no GPU to plan on", ["device cpu"])
     return sorted(gpus, key=lambda gpu: gpu.pci)
+
+
+def _vendor_rank(vendor: str) -> int:
+    return VENDOR_ORDER.index(vendor) if vendor in VENDOR_ORDER else len(VENDOR_ORDER)
 
 
 def _path(a: Gpu, b: Gpu) -> tuple[int, int]:
