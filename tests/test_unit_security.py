@@ -404,6 +404,85 @@ def test_every_unit_scores_at_most_2_in_systemds_sandbox_review_and_an_image_uni
     assert {name: s for name, s in scores.items() if s > most[name]} == {}
 
 
+# What the sandbox of every unit promises, per directive, as `systemd-analyze security
+# --json` names each: set, never weakened (a total score under the bar hides one).
+CAPABILITIES_DROPPED = tuple(
+    f"CapabilityBoundingSet_{cap}"
+    for cap in (
+        "CAP_AUDIT", "CAP_BLOCK_SUSPEND", "CAP_BPF", "CAP_IPC_LOCK", "CAP_LEASE",
+        "CAP_LINUX_IMMUTABLE", "CAP_NET_BIND_SERVICE_BROADCAST_RAW)", "CAP_SYSLOG",
+        "CAP_SYS_BOOT", "CAP_SYS_CHROOT", "CAP_SYS_MODULE", "CAP_SYS_PACCT", "CAP_SYS_PTRACE",
+        "CAP_SYS_RAWIO", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_WAKE_ALARM",
+    )
+)  # fmt: skip
+EVERY_UNIT = (
+    *CAPABILITIES_DROPPED,
+    "AmbientCapabilities", "Delegate", "KeyringMode", "LockPersonality", "NoNewPrivileges",
+    "NotifyAccess", "ProtectClock", "ProtectHostname", "ProtectKernelLogs",
+    "ProtectKernelModules", "ProtectKernelTunables", "RestrictAddressFamilies_AF_PACKET",
+    "RestrictAddressFamilies_OTHER", "RestrictNamespaces_cgroup", "RestrictNamespaces_ipc",
+    "RestrictNamespaces_net", "RestrictNamespaces_user", "RestrictNamespaces_uts",
+    "RestrictRealtime", "SystemCallArchitectures", "SystemCallFilter_clock",
+    "SystemCallFilter_cpu_emulation", "SystemCallFilter_debug", "SystemCallFilter_module",
+    "SystemCallFilter_obsolete", "SystemCallFilter_raw_io", "SystemCallFilter_reboot",
+    "SystemCallFilter_swap",
+)  # fmt: skip
+# Every unit but the image method's (Podman runs as root and mounts): templates/hardening.j2.
+EVERY_UNPRIVILEGED = tuple(
+    f"CapabilityBoundingSet_{cap}"
+    for cap in (
+        "CAP_CHOWN_FSETID_SETFCAP", "CAP_DAC_FOWNER_IPC_OWNER", "CAP_KILL", "CAP_MAC",
+        "CAP_MKNOD", "CAP_SET_UID_GID_PCAP", "CAP_SYS_ADMIN", "CAP_SYS_NICE_RESOURCE",
+    )
+) + (
+    "ProtectControlGroups", "ProtectProc", "RestrictNamespaces_mnt", "RestrictNamespaces_pid",
+    "RestrictSUIDSGID", "SystemCallFilter_mount", "SystemCallFilter_privileged",
+)  # fmt: skip
+# Every server (not the filters' oneshot units, which load nftables as root before any).
+EVERY_SERVER = (
+    "ProtectSystem", "ProtectHome", "PrivateTmp", "CapabilityBoundingSet_CAP_NET_ADMIN",
+)  # fmt: skip
+# Every server that is not Podman: its own user, and no IPC objects left behind.
+EVERY_UNPRIVILEGED_SERVER = ("UserOrDynamicUser", "RemoveIPC")
+
+
+def assessed(unit: Path) -> dict[str, dict]:
+    """`systemd-analyze security --offline=true --json=short`: each directive's entry."""
+    done = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--json=short", "--no-pager", str(unit)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return {entry["json_field"]: entry for entry in json.loads(done.stdout)}
+
+
+def test_every_directive_of_the_sandbox_holds_in_every_unit_it_promises(rendered):
+    """Each directive the kit promises, assessed by systemd one at a time: weakening any one
+    (ProtectSystem=strict to full, a capability kept, a namespace allowed) fails here even
+    where the unit's total score stays under its bar."""
+    weak = {}
+    for name, unit in rendered.units.items():
+        entries = assessed(unit)
+        image = name.startswith("image-")
+        server = "firewall" not in name
+        promised = EVERY_UNIT + (() if image else EVERY_UNPRIVILEGED)
+        promised += (EVERY_SERVER if server else ()) + (
+            EVERY_UNPRIVILEGED_SERVER if server and not image else ()
+        )
+        # A GPU's server opens its planned devices (DeviceAllow=); every other, none.
+        if server and not image and not setting_values(unit, "DeviceAllow"):
+            promised += ("PrivateDevices",)
+        missing = [field for field in promised if not entries[field]["set"]]
+        if server and "strict" not in entries["ProtectSystem"]["description"]:
+            missing.append(f"ProtectSystem: {entries['ProtectSystem']['description']}")
+        if missing:
+            weak[name] = missing
+    assert weak == {}
+
+
+def setting_values(unit: Path, key: str) -> list[str]:
+    return re.findall(rf"^{key}=(.*)$", unit.read_text(), re.MULTILINE)
+
+
 def test_every_unit_passes_systemd_analyze_verify(rendered, tmp_path):
     # A cluster's servers require the filter's unit: systemd finds it where a deploy puts
     # it first, here a directory of its own before systemd's.
