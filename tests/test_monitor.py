@@ -7,12 +7,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import threading
+import urllib.parse
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
 
-from socketwise.measure.status import table
+from socketwise.measure.status import collect, table
 from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
 
 from .playbooks import REPO, run_playbook
@@ -140,6 +143,102 @@ def test_status_shows_a_down_engine_with_its_alert_and_dashes_for_missing_figure
         "-",
     ]
     assert "1 alert(s) firing\n  critical SocketwiseEngineDown: h1: engine vllm-sn" in shown
+
+
+# Two hosts' engines and alerts as their monitor's Prometheus answers (the README says
+# which is which).
+STATUS = Path(__file__).parent / "fixtures" / "prometheus-status"
+
+
+class _Prometheus(BaseHTTPRequestHandler):
+    queries = json.loads((STATUS / "query.json").read_text())
+    alerts = json.loads((STATUS / "alerts.json").read_text())
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/api/v1/alerts":
+            answer = self.alerts
+        elif url.path == "/api/v1/query":
+            [query] = urllib.parse.parse_qs(url.query)["query"]
+            known = [answer for reads, answer in self.queries.items() if reads in query]
+            # Refused with 200, not Prometheus' 400, so status's error names the query.
+            refused = {"status": "error", "errorType": "bad_data", "error": "no answer here"}
+            answer = known[0] if len(known) == 1 else refused
+        else:
+            self.send_error(404)
+            return
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def prometheus() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_status_has_a_row_with_its_figures_for_every_engine_of_every_host(prometheus):
+    engines = collect(prometheus)["engines"]
+    h1 = {"host": "h1", "layout": "dp", "hardware_class": "amx", "up": True}
+    h2 = {"host": "h2", "layout": "dp", "hardware_class": "avx512"}
+    assert [{k: v for k, v in e.items() if k != "alerts"} for e in engines] == [
+        h1 | {"socketwise_instance": "vllm-dp0", "running": 3.0, "waiting": 0.0,
+              "output_tok_s": 812.25, "kv_cache_usage": 0.42, "ttft_p50_s": 0.12,
+              "ttft_p99_s": 0.9},
+        h1 | {"socketwise_instance": "vllm-dp1", "running": 5.0, "waiting": 2.0,
+              "output_tok_s": 640.5, "kv_cache_usage": 0.97, "ttft_p50_s": 0.2,
+              "ttft_p99_s": 1.6},
+        # Idle: Prometheus' TTFT quantiles are NaN without a request in the window.
+        h2 | {"socketwise_instance": "vllm-dp0", "up": True, "running": 0.0, "waiting": 0.0,
+              "output_tok_s": 0.0, "kv_cache_usage": 0.0, "ttft_p50_s": None,
+              "ttft_p99_s": None},
+        # Down: only its up sample, no figure.
+        h2 | {"socketwise_instance": "vllm-dp1", "up": False, "running": None, "waiting": None,
+              "output_tok_s": None, "kv_cache_usage": None, "ttft_p50_s": None,
+              "ttft_p99_s": None},
+    ]  # fmt: skip
+
+
+def test_an_engines_alert_shows_on_its_row_and_a_hosts_alert_on_every_engine_of_that_host(
+    prometheus,
+):
+    """SocketwiseNodeMemoryLow and SocketwiseOperationInProgress name a host and no
+    engine; the other host's engines of the same names do not get them."""
+    engines = collect(prometheus)["engines"]
+    assert {(e["host"], e["socketwise_instance"]): sorted(e["alerts"]) for e in engines} == {
+        ("h1", "vllm-dp0"): ["SocketwiseNodeMemoryLow"],
+        ("h1", "vllm-dp1"): ["SocketwiseKVCacheHigh", "SocketwiseNodeMemoryLow"],
+        ("h2", "vllm-dp0"): ["SocketwiseOperationInProgress"],
+        ("h2", "vllm-dp1"): ["SocketwiseEngineDown", "SocketwiseOperationInProgress"],
+    }
+
+
+def test_status_lists_the_fleets_firing_alerts_and_not_a_pending_one(prometheus):
+    """The pending SocketwiseQueueHigh on h1/vllm-dp0 is on no row and not in the list;
+    the fleet door's alert is listed though no engine row is its host's."""
+    alerts = collect(prometheus)["alerts"]
+    assert [(a["alertname"], a["host"], a["socketwise_instance"]) for a in alerts] == [
+        ("SocketwiseKVCacheHigh", "h1", "vllm-dp1"),
+        ("SocketwiseNodeMemoryLow", "h1", ""),
+        ("SocketwiseEngineDown", "h2", "vllm-dp1"),
+        ("SocketwiseOperationInProgress", "h2", ""),
+        ("SocketwiseFleetBackendDown", "lb", ""),
+    ]
+    assert alerts[1] == {
+        "alertname": "SocketwiseNodeMemoryLow", "severity": "warning", "host": "h1",
+        "socketwise_instance": "", "summary": "h1: 4.2% of its memory available",
+        "active_at": "2026-01-01T00:02:00Z",
+    }  # fmt: skip
 
 
 def test_the_sweeps_monitor_reads_each_engine_on_its_socket(tmp_path):
