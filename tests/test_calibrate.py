@@ -6,6 +6,7 @@ own before anything is measured."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,41 @@ def test_a_latency_of_zero_tells_nothing_and_leaves_the_other_figures_to_decide(
     assert calibrate.ratios(measured, "sn-k1")[1]["tpot_p50_ms"] is None
     # A variant that completed nothing is worse than any: its throughput ratio is 0.
     assert calibrate.ratio(0.0, 759.6, more_is_better=True) == 0.0
+
+
+def medians_of(rounds: list[dict]) -> dict:
+    """The medians over ROUNDS, as calibrate_class hands them to choose."""
+    return {
+        layout: {
+            c: {m: statistics.median(r[layout][c][m] for r in rounds) for m in by_metric}
+            for c, by_metric in by_load.items()
+        }
+        for layout, by_load in rounds[0].items()
+    }
+
+
+def test_a_tie_goes_to_the_better_worst_ratio_then_to_fewer_cores_kept():
+    plain = (100, 50, 10)
+
+    def rounds(k2_first: tuple[float, float, float]) -> list[dict]:
+        # K=0 falls to 0.9x of plain vLLM's throughput in the first round; K=1 and K=2
+        # reach 0.95x in every figure of both rounds.
+        first = {"sn-k0": (90, 50, 10), "sn-k1": (104, 48, 9.6), "sn-k2": k2_first}
+        second = {"sn-k0": plain, "sn-k1": plain, "sn-k2": plain}
+        return [figures(baseline=plain, **first), figures(baseline=plain, **second)]
+
+    same = rounds(k2_first=(104, 48, 9.6))
+    chosen = choose(target(), medians_of(same), same)
+    assert chosen["at_bar"] == {"sn-k0": round(10 / 12, 3), "sn-k1": 1.0, "sn-k2": 1.0}
+    assert chosen["worst_ratio"]["sn-k1"] == chosen["worst_ratio"]["sn-k2"]
+    # Equal on both counts: the core goes back to serving.
+    assert chosen["decided"] == {"plan_reserve_cores": 1}
+    # Equal at the bar only: K=2's better worst median ratio wins though it keeps more.
+    better = rounds(k2_first=(106, 47, 9.4))
+    chosen = choose(target(), medians_of(better), better)
+    assert chosen["at_bar"]["sn-k1"] == chosen["at_bar"]["sn-k2"] == 1.0
+    assert chosen["worst_ratio"]["sn-k2"] > chosen["worst_ratio"]["sn-k1"]
+    assert chosen["decided"] == {"plan_reserve_cores": 2}
 
 
 def test_the_other_dtype_wins_only_when_it_beats_the_rule_s_own_variant():

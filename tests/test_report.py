@@ -322,6 +322,35 @@ def test_closely_spaced_points_on_a_rising_line_are_not_saturation(tmp_path):
     assert 4.0 <= saturation["rate"] <= 4.4
 
 
+def test_rising_ttft_marks_saturation_by_rate_but_not_by_concurrency(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    # (load, output tok/s, TTFT p50 ms). By rate (open loop) throughput still rises, but
+    # TTFT passes 3x its first value at 6 req/s: requests queue, so sn saturates at 4.
+    open_loop = ((1, 4, 300), (2, 8, 320), (4, 16, 400), (6, 24, 1200), (8, 32, 3000))
+    # By concurrency (closed loop) TTFT doubles with concurrency, as Little's law says it
+    # must, while throughput keeps rising: no saturation.
+    closed_loop = ((1, 100, 50), (2, 190, 100), (4, 360, 200), (8, 650, 400), (16, 1100, 800))
+    rows = [step("sn", tok, rate=r, ttft=ttft) for r, tok, ttft in open_loop]
+    rows += [step("sn", tok, concurrency=c, ttft=ttft) for c, tok, ttft in closed_loop]
+    rundir.write_csv(run / rundir.SUMMARY, rundir.SUMMARY_COLUMNS, rows)
+    decisions = analysis.analyse(run)
+
+    by_rate = decisions["saturation"]["sn"]
+    assert (by_rate["axis"], by_rate["rate"], by_rate["status"]) == ("rate", 4, "confirmed")
+    assert by_rate["between"] == [4, 6]
+    assert "TTFT p50 1200 ms at 6 is over 3x the 300 ms at 1" in by_rate["evidence"]
+    by_concurrency = decisions["by_concurrency"]["saturation"]["sn"]
+    assert by_concurrency["status"] == "not-reached", by_concurrency["evidence"]
+    assert by_concurrency["concurrency"] is None
+    # The capacity read off the closed loop is its highest point, not 2 concurrent.
+    assert by_concurrency["peak_output_tok_s"] == 1100
+    assert by_concurrency["peak_at_concurrency"] == 16
+    markdown = render.write(run)[0].read_text()
+    assert "| sn | rate | 4 req/s | confirmed |" in markdown
+    assert "| sn | concurrency | - | not-reached |" in markdown
+
+
 def test_repetitions_report_median_and_spread(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -111,6 +111,26 @@ def test_offline_cpus_are_absent_and_their_siblings_stand_alone(machine_root):
     assert topology["sockets"] == [{"id": 0, "nodes": [0], "cores": 8}]
 
 
+def test_smt_switched_off_reports_no_smt_even_where_sibling_lists_name_offline_threads(
+    machine_root,
+):
+    # The R730 with SMT switched off (threads 28-55 offline), in a tree whose
+    # thread_siblings_list still names each online CPU's offline sibling.
+    root = machine_root("r730")
+    cpu_dir = root / "sys/devices/system/cpu"
+    (cpu_dir / "online").write_text("0-27\n")
+    for cpu in range(28, 56):
+        shutil.rmtree(cpu_dir / f"cpu{cpu}/topology")
+        (cpu_dir / f"cpu{cpu}/online").write_text("0\n")
+    assert (cpu_dir / "cpu0/topology/thread_siblings_list").read_text() == "0,28\n"
+
+    topology = detect(root)
+
+    assert topology["smt"] is False
+    assert node(topology, 0)["cores"] == [[cpu] for cpu in range(0, 28, 2)]
+    assert [s["cores"] for s in topology["sockets"]] == [14, 14]
+
+
 def test_vm_without_smt_finds_the_virtio_nics_pci_function(machine_root):
     topology = detect(machine_root("vm"))
 
