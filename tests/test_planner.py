@@ -475,3 +475,83 @@ def test_a_topology_without_the_optional_keys_still_plans():
     minimal = {"schema": 1, "nodes": [{"id": 0, "cores": [[0], [1]], "memory_mb": 24000}]}
     minimal["isa"] = {"avx2": True}
     assert plan(minimal, PlanRequest(layout="sn"))["layout"] == "sn"
+
+
+def test_the_highest_public_port_that_leaves_room_for_the_backends_plans_and_is_the_one_offered(
+    topo,
+):
+    facts = topo("r730")
+    sn = plan(facts, PlanRequest(layout="sn", model_gb=8, port=65534))
+    assert sn["load_balancer"]["backends"] == [65535]
+    with pytest.raises(PlanError) as refused:
+        plan(facts, PlanRequest(layout="dp", model_gb=8, port=65534))
+    assert refused.value.field == "port" and refused.value.alternatives == ["port 65533"]
+    # The port offered is one that plans.
+    dp = plan(facts, PlanRequest(layout="dp", model_gb=8, port=65533))
+    assert dp["load_balancer"]["backends"] == [65534, 65535]
+
+
+def test_a_model_that_leaves_exactly_one_gb_for_the_kv_cache_still_plans():
+    # 10 GB node: 1 GB for the OS, 8 GB of weights, 1 GB left: the least a rank may have.
+    result = plan(synthetic([(4, 10)]), PlanRequest(layout="sn", model_gb=8))
+    assert result["instances"][0]["kvcache_gb"] == 1
+    with pytest.raises(PlanError) as refused:
+        plan(synthetic([(4, 10)]), PlanRequest(layout="sn", model_gb=8.5))
+    assert refused.value.field == "model_gb"
+
+
+def test_an_explicit_kv_cache_may_take_all_the_room_its_node_has_but_not_more():
+    # 10 GB node, no weights: 10 - 1 GB for the OS = 9 GB.
+    node = synthetic([(4, 10)])
+    assert plan(node, PlanRequest(layout="sn", kv_gb=9))["instances"][0]["kvcache_gb"] == 9
+    with pytest.raises(PlanError) as refused:
+        plan(node, PlanRequest(layout="sn", kv_gb=10))
+    assert refused.value.field == "kv_gb" and refused.value.alternatives == ["kv 9 GB"]
+
+
+def test_a_small_node_keeps_at_least_one_gb_for_the_os():
+    # 5 GB node: the OS keeps 1 GB, not 10 % (0.5 GB), so 0.5 GB of weights leave 3.5 GB.
+    node = synthetic([(4, 5)])
+    with pytest.raises(PlanError) as refused:
+        plan(node, PlanRequest(layout="sn", model_gb=0.5, kv_gb=4))
+    assert refused.value.field == "kv_gb" and refused.value.alternatives == ["kv 3 GB"]
+    assert plan(node, PlanRequest(layout="sn", model_gb=0.5))["instances"][0]["kvcache_gb"] == 2
+
+
+@pytest.mark.parametrize(("cores", "kept"), [(8, 2), (7, 1), (4, 1), (3, 0)])
+def test_a_node_keeps_the_documented_number_of_cores_for_the_os_by_its_size(cores, kept):
+    result = plan(synthetic([(cores, 64)]), PlanRequest(layout="sn", model_gb=1))
+    assert len(result["nodes"][0]["reserved_cpus"]) == kept
+    assert len(result["instances"][0]["ranks"][0]["cpus"]) == cores - kept
+
+
+@pytest.mark.parametrize(
+    ("request_", "field", "words"),
+    [
+        (PlanRequest(layout="sn", kv_gb=0), "kv_gb", "at least 1"),
+        (PlanRequest(layout="sn", kv_gb=2.5), "kv_gb", "whole number of GB"),  # type: ignore[arg-type]
+        (PlanRequest(layout="sn", reserve_cores=-1), "reserve_cores", "is negative"),
+        (PlanRequest(layout="sn", model_gb=-8), "model_gb", "must be a number >= 0"),
+        (PlanRequest(layout="sn", ranks=2), "ranks", "SN runs one rank, not 2"),
+    ],
+    ids=["kv-0", "kv-fraction", "negative-reserve", "negative-model", "sn-2-ranks"],
+)
+def test_a_request_no_plan_can_meet_is_refused_naming_the_input_and_the_fix(
+    topo, request_, field, words
+):
+    with pytest.raises(PlanError) as refused:
+        plan(topo("r730"), request_)
+    assert refused.value.field == field
+    assert words in str(refused.value)
+
+
+def test_values_given_as_strings_plan_as_the_numbers_and_switches_they_spell():
+    request = PlanRequest.from_values(layout="tp", ranks="4", model_gb="8.5", split_nodes="false")
+    assert (request.ranks, request.model_gb, request.split_nodes) == (4, 8.5, False)
+    assert PlanRequest.from_values(split_nodes="yes").split_nodes is True
+    assert PlanRequest.from_values(kv_gb="", split_nodes="False").split_nodes is False
+    for name, value in (("ranks", "two"), ("kv_gb", "2.5"), ("port", "80a")):
+        with pytest.raises(PlanError) as refused:
+            PlanRequest.from_values(**{name: value})
+        assert refused.value.field == name
+        assert f"{value!r} is not a number" in str(refused.value)

@@ -2,8 +2,9 @@
 the string "3", which must multiply and compare as 3 (socketwise.common.typed)."""
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
-from socketwise.common.typed import convert, declared_types, type_errors, typed
+from socketwise.common.typed import ROLES, convert, declared_types, type_errors, typed
 
 
 @pytest.mark.parametrize(
@@ -50,3 +51,46 @@ def test_the_types_come_from_the_roles_argument_specs():
     assert types["vllm_service_allow_anonymous"] == "bool"
     assert types["cluster_ctx_size"] == "int"
     assert "vllm_home" not in types, "strings and paths are not converted"
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "wrong"),
+    [
+        (2, "bool", "is not a boolean; give true or false"),
+        (-1, "bool", "is not a boolean; give true or false"),
+        (0.5, "bool", "is not a boolean; give true or false"),
+        (4.5, "int", "is not a whole number"),
+        ("yes", "int", "is not a whole number"),
+        ("off", "int", "is not a whole number"),
+        (True, "float", "is a boolean, not a number"),
+        # A threshold of nan or inf never trips: an alert on it would never fire.
+        ("nan", "float", "is not a finite number"),
+        ("inf", "float", "is not a finite number"),
+        ("-1e999", "float", "is not a finite number"),
+        (float("inf"), "float", "is not a finite number"),
+    ],
+)
+def test_a_value_that_only_resembles_its_type_is_refused_not_rounded_or_guessed(value, kind, wrong):
+    # A switch set to 2, a count of 4.5 or "yes" as a count is a typo: play 1 names it,
+    # the role never runs with True, 4 or 1 in its place.
+    assert type_errors({"x": value}, {"x": kind}) == [f"x={value!r}: {wrong}"]
+    assert typed({"x": value}, {"x": kind}) == {"x": value}
+
+
+def test_a_role_that_converts_a_variable_no_spec_declares_as_a_number_stops_naming_it():
+    import importlib.util
+
+    path = ROLES / "vllm_service" / "filter_plugins" / "socketwise_typed.py"
+    spec = importlib.util.spec_from_file_location("socketwise_typed_filters", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    filters = module.FilterModule().filters()
+    given = {"vllm_service_start_limit_burst": "5", "vllm_home": "/opt/vllm"}
+    for door in ("socketwise_typed", "socketwise_type_errors"):
+        with pytest.raises(
+            AnsibleFilterError, match="no int, float or bool argument spec for vllm_home$"
+        ):
+            filters[door](given)
+    assert filters["socketwise_typed"]({"vllm_service_start_limit_burst": "5"}) == {
+        "vllm_service_start_limit_burst": 5
+    }
