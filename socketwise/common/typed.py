@@ -9,6 +9,7 @@ does not convert, naming the variable and the value.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -50,11 +51,16 @@ def convert(value: object, kind: str) -> object:
             return int(text)
         raise NotConverted("is not a whole number")
     if isinstance(text, int | float):
-        return float(text)
-    try:
-        return float(str(text))
-    except ValueError:
-        raise NotConverted("is not a number") from None
+        number = float(text)
+    else:
+        try:
+            number = float(str(text))
+        except ValueError:
+            raise NotConverted("is not a number") from None
+    # "nan" and "inf" spell floats to Python, and a threshold of either never trips.
+    if not math.isfinite(number):
+        raise NotConverted("is not a finite number")
+    return number
 
 
 @cache
