@@ -472,11 +472,41 @@ def test_every_directive_of_the_sandbox_holds_in_every_unit_it_promises(rendered
         if server and not image and not setting_values(unit, "DeviceAllow"):
             promised += ("PrivateDevices",)
         missing = [field for field in promised if not entries[field]["set"]]
+        # Files a unit makes are never other users': its last UMask= wins (a vLLM
+        # instance's 0007 lets the door's group open its API socket).
+        umask = int(setting_values(unit, "UMask")[-1], 8)
+        if umask & 0o007 != 0o007 or (umask & 0o070 != 0o070 and "vllm-" not in name):
+            missing.append(f"UMask={umask:04o}")
         if server and "strict" not in entries["ProtectSystem"]["description"]:
             missing.append(f"ProtectSystem: {entries['ProtectSystem']['description']}")
         if missing:
             weak[name] = missing
     assert weak == {}
+
+
+def test_every_server_comes_back_after_a_crash_and_a_door_or_instance_stops_at_its_limit(
+    rendered,
+):
+    """A door that fails comes back, held at 5 starts a minute; an instance, at 5 starts in
+    its limit's window (a long one: it loads a model); a cluster's stages come back
+    always (a worker returns by itself, the head waits for it)."""
+    wrong = {}
+    for name, unit in rendered.units.items():
+        if "firewall" in name:
+            continue
+        stage = any(kind in name for kind in ("pp-vllm", "rpc-node", "llamacpp"))
+        restart = setting_values(unit, "Restart")
+        interval = int(setting_values(unit, "StartLimitIntervalSec")[-1])
+        burst = setting_values(unit, "StartLimitBurst")
+        if stage:
+            held = restart == ["always"]
+        elif name.endswith(("-lb.service", "-fleet.service")):
+            held = (restart, interval, burst) == (["on-failure"], 60, ["5"])
+        else:
+            held = restart == ["on-failure"] and interval > 60 and burst == ["5"]
+        if not held:
+            wrong[name] = (restart, interval, burst)
+    assert wrong == {}
 
 
 def setting_values(unit: Path, key: str) -> list[str]:
