@@ -155,8 +155,9 @@ def issue(directory: Path, host: str, names: list[str], work: Path) -> str:
 def door(directory: Path, host: str | None, names: list[str], check: bool = False) -> dict:
     """Make DIRECTORY's door CA when missing and, for HOST, its certificate under NAMES
     when missing, due or stale (see the module's text); what was done."""
-    if host is not None and names_error(host, names):
-        raise Refused(names_error(host, names))
+    refused = names_error(host, names) if host is not None else ""
+    if refused:
+        raise Refused(refused)
     wanted = san([host, *names]) if host is not None else []
     authority = directory / "door-ca.pem"
     pem = directory / "doors" / f"{host}.pem" if host is not None else None

@@ -3,6 +3,16 @@
 `socketwise_fleet_trusting`, the hosts whose door takes the fleet door's certificate."""
 
 import ipaddress
+import sys
+from pathlib import Path
+
+try:
+    from socketwise.common.typed import NotConverted, convert
+except ImportError:
+    # Run from a checkout whose package is not installed in Ansible's Python:
+    # the package sits three levels above this role's filter_plugins/.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from socketwise.common.typed import NotConverted, convert
 
 WILDCARDS = ("0.0.0.0", "::")
 
@@ -14,10 +24,12 @@ def _address(found, host, default_listen):
 
 
 def _switch(value):
-    """A switch as the inventory or -e gives it: a bool, or a string of one."""
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("true", "yes", "on", "1")
+    """A switch as the host's own role reads it (socketwise.common.typed); one that does
+    not convert is off here, and refused by that host's first play."""
+    try:
+        return bool(convert(value, "bool"))
+    except NotConverted:
+        return False
 
 
 def socketwise_fleet_servers(hosts, hostvars, default_listen):
