@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,11 +36,21 @@ STRANGER = "127.0.0.250"
 # A monitor host of the inventory's, which no deploy reaches: the metrics doors take its
 # address and the lab's extra source (127.0.0.1) alone.
 WATCHER, WATCHER_ADDRESS = "watcher", "127.0.0.249"
+# A local user's group that is not the engines' (nogroup).
+NOBODY = 65534
 
 
-def knock(address: str, port: int, source: str) -> str:
+def knock(address: str, port: int, source: str, group: int | None = None) -> str:
     """ "connected", or the error's name, for a TCP connection to ADDRESS:PORT made from
-    SOURCE, then closed."""
+    SOURCE, then closed; by a process of GROUP when given (the lab's machines share the
+    controller's users and groups: a member's engines group is a number here too), else by
+    the test's own (root's)."""
+    if group is not None:
+        code = "import os, sys; os.setegid(int(sys.argv[1])); from tests.clusters import knock; "
+        code += "print(knock(sys.argv[2], int(sys.argv[3]), sys.argv[4]))"
+        argv = [sys.executable, "-c", code, str(group), address, str(port), source]
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
     with socket.socket() as probe:
         probe.bind((source, 0))
         probe.settimeout(3)
@@ -48,6 +59,11 @@ def knock(address: str, port: int, source: str) -> str:
         except OSError as error:
             return type(error).__name__
         return "connected"
+
+
+def engines_group(cluster: Cluster, host: str) -> int:
+    """The number of HOST's engines group, which alone reaches engine ports from there."""
+    return int(cluster.on(host, "getent group socketwise-engines").split(":")[2])
 
 
 def table(host: str) -> str:

@@ -32,6 +32,7 @@ from .clusters import (
     GREEDY,
     HEAD,
     HEAD_UNIT,
+    NOBODY,
     PORT,
     RPC_PORT,
     RPC_UNIT,
@@ -39,6 +40,7 @@ from .clusters import (
     WATCHER_ADDRESS,
     Cluster,
     controller_tables,
+    engines_group,
     knock,
     lab_cluster,
     table,
@@ -230,9 +232,13 @@ def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
     server = {cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}")}
     assert cluster.listening(HEAD, server) == [(head, API_PORT)]
     # The RPC server, which has no authentication, resets a host outside the cluster; a
-    # member still connects (the head holds its connection: the completions pass).
+    # member's engine still connects (the head holds its connection: the completions pass),
+    # and on the head, a process of any other group than the engines' is reset.
+    engines = engines_group(cluster, HEAD)
+    assert engines_group(cluster, "cluster2") == engines
     assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError"
-    assert knock(worker, RPC_PORT, head) == "connected"
+    assert knock(worker, RPC_PORT, head, engines) == "connected"
+    assert knock(worker, RPC_PORT, head, NOBODY) == "ConnectionRefusedError"
 
 
 # Debian's nftables.service on cluster2, with a configuration that removes cluster2's

@@ -29,9 +29,11 @@ from .clusters import (
     API_PORT,
     GREEDY,
     HEAD,
+    NOBODY,
     PORT,
     STRANGER,
     Cluster,
+    engines_group,
     knock,
     lab_cluster,
     table,
@@ -183,9 +185,12 @@ def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
         assert {a for a, _ in engine} == {address}, (host, engine)
         refused = {port: knock(address, port, STRANGER) for _, port in engine}
         assert set(refused.values()) == {"ConnectionRefusedError"}, (host, refused)
-    # A member still reaches the rendezvous (and the stages, their gloo: completions pass).
-    head = cluster.cluster_address(HEAD)
-    assert knock(head, MASTER_PORT, cluster.cluster_address("cluster2")) == "connected"
+    # A member's engine still reaches the rendezvous (and the stages, their gloo:
+    # completions pass); a local process of any other group is reset.
+    head, member = cluster.cluster_address(HEAD), cluster.cluster_address("cluster2")
+    engines = engines_group(cluster, "cluster2")
+    assert knock(head, MASTER_PORT, member, engines) == "connected"
+    assert knock(head, MASTER_PORT, member, NOBODY) == "ConnectionRefusedError"
 
 
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):

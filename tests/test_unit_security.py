@@ -210,7 +210,8 @@ def rendered(tmp_path_factory) -> Rendered:
         # Facts of the vllm role's prepare and main tasks.
         "__vllm_host_build": {"id": "0123456789ab"},
         "__vllm_account": {"uid": 998, "group": 998},
-        "__vllm_service_engine_group_made": {"gid": 997},
+        "__vllm_service_engine_group_made": {"gid": ENGINE_GID},
+        "__cluster_engine_group_made": {"gid": ENGINE_GID},
         "__vllm_host_image": {"tag": "localhost/socketwise-vllm:avx2-0123456789ab"},
         # Facts of the cluster role's check and llamacpp tasks.
         "socketwise_cluster": "c1",
@@ -572,8 +573,9 @@ def test_the_image_methods_container_gets_the_same_limits(rendered):
 # rendezvous, a port from the ephemeral range (gloo's, vLLM's queues), and one the filter
 # leaves to the host (the front door's).
 SERVE_AND_KNOCK = r"""
-import json, socket, sys
+import json, os, socket, sys
 head, follower, stranger, ports = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+engines, others = int(os.environ["ENGINE_GID"]), [int(g) for g in os.environ["OTHER_GIDS"].split()]
 listeners = []
 for port in ports:
     listener = socket.socket()
@@ -581,19 +583,28 @@ for port in ports:
     listener.listen()
     listeners.append(listener)
 seen = {}
-for source in (follower, head, stranger):
-    for port in ports:
-        knock = socket.socket()
-        knock.bind((source, 0))
-        knock.settimeout(2)
-        try:
-            knock.connect((head, int(port)))
-            seen[f"{source} {port}"] = "connected"
-        except OSError as error:
-            seen[f"{source} {port}"] = type(error).__name__
-        knock.close()
+for gid in (engines, *others):
+    for source in (follower, head, stranger):
+        for port in ports:
+            # The group the socket was made with is the one nftables matches (meta skgid).
+            os.setegid(gid)
+            knock = socket.socket()
+            os.setegid(0)
+            knock.bind((source, 0))
+            knock.settimeout(2)
+            key = f"{source} {port}" + ("" if gid == engines else f" gid {gid}")
+            try:
+                knock.connect((head, int(port)))
+                seen[key] = "connected"
+            except OSError as error:
+                seen[key] = type(error).__name__
+            knock.close()
 print(json.dumps(seen))
 """
+# The engines' group on the rendered hosts (the cluster role's fact), another local user's
+# group, and root's.
+ENGINE_GID = 997
+OTHER_GIDS = (4242, 0)
 
 
 def test_a_door_copies_only_the_keys_its_role_writes(rendered):
@@ -810,7 +821,8 @@ for a in {MEMBERS["head"]} {MEMBERS["follower"]} {STRANGER}; do ip addr add $a/3
 nft -f {rendered.directory / rules}
 nft -f {rendered.directory / rules}
 echo "$(nft list tables | grep -c {table})"
-{sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), STRANGER, *ports])}
+ENGINE_GID={ENGINE_GID} OTHER_GIDS="{" ".join(map(str, OTHER_GIDS))}" \
+  {sys.executable} -c '{SERVE_AND_KNOCK}' {" ".join([*MEMBERS.values(), STRANGER, *ports])}
 {stop}
 echo "$(nft list tables | grep -c {table} || true)"
 """
@@ -853,6 +865,13 @@ def test_the_cluster_filter_lets_only_members_reach_the_engine_ports(rendered):
     assert seen[f"{STRANGER} 29501"] == "ConnectionRefusedError", seen
     assert seen[f"{STRANGER} {ports[1]}"] == "ConnectionRefusedError", seen
     assert seen[f"{STRANGER} 8000"] == "connected", seen
+    # On the host itself, a process of another group (a local user, root too) is reset at
+    # the engine ports from any address; the host's other ports stay open to it.
+    for gid in OTHER_GIDS:
+        for source in MEMBERS.values():
+            for port in ports[:2]:
+                assert seen[f"{source} {port} gid {gid}"] == "ConnectionRefusedError", seen
+            assert seen[f"{source} 8000 gid {gid}"] == "connected", seen
 
 
 # The host's firewall service as Debian ships it: it flushes the whole ruleset when it
@@ -924,7 +943,11 @@ def test_the_filters_come_back_after_the_hosts_nftables_service_flushes_the_rule
         return "\n".join(lines)
 
     addresses = " ".join([*MEMBERS.values(), STRANGER])
-    knock = f"{sys.executable} -c '{SERVE_AND_KNOCK}' {addresses} 29501 9180"
+    other = OTHER_GIDS[0]
+    knock = (
+        f"ENGINE_GID={ENGINE_GID} OTHER_GIDS={other} "
+        f"{sys.executable} -c '{SERVE_AND_KNOCK}' {addresses} 29501 9180"
+    )
     tables = "echo \"$(nft list tables | grep -c 'socketwise_' || true)\""
     actions = {
         "flushed": exec_lines(service, "ExecReload"),
@@ -946,12 +969,17 @@ def test_the_filters_come_back_after_the_hosts_nftables_service_flushes_the_rule
     seen = {out[i]: (int(out[i + 1]), json.loads(out[i + 2])) for i in range(0, len(out), 3)}
     count, open_door = seen.pop("flushed")
     assert count == 0 and open_door[f"{STRANGER} 29501"] == "connected", open_door
+    assert open_door[f"{MEMBERS['follower']} 29501 gid {other}"] == "connected", open_door
     for action, (count, knocks) in seen.items():
         assert count == 2, action
         assert knocks[f"{STRANGER} 29501"] == "ConnectionRefusedError", (action, knocks)
         assert knocks[f"{STRANGER} 9180"] == "ConnectionRefusedError", (action, knocks)
         assert knocks[f"{MEMBERS['follower']} 29501"] == "connected", (action, knocks)
         assert knocks[f"{MEMBERS['follower']} 9180"] == "connected", (action, knocks)
+        # A local user of another group, at the rendezvous: reset again too.
+        assert knocks[f"{MEMBERS['follower']} 29501 gid {other}"] == "ConnectionRefusedError", (
+            action, knocks,
+        )  # fmt: skip
 
 
 @NEEDS_NFT
