@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -31,7 +32,10 @@ RPC_UNIT = "socketwise-rpc-node0.service"
 GREEDY = {"model": "tiny-llama", "prompt": "socketwise says hello", "max_tokens": 12,
           "temperature": 0}  # fmt: skip
 # A host outside the cluster: the lab's machines share one network, so a test plays one
-# by binding its socket to an address no member has.
+# by binding its socket to an address no member has. Its processes are no member's local
+# users, whom every member's table also resets (the lab's machines share one ruleset):
+# the test knocks as the engines' group (`knock`'s GROUP) to see the members' filter of
+# sources alone.
 STRANGER = "127.0.0.250"
 # A monitor host of the inventory's, which no deploy reaches: the metrics doors take its
 # address and the lab's extra source (127.0.0.1) alone.
@@ -64,6 +68,39 @@ def knock(address: str, port: int, source: str, group: int | None = None) -> str
 def engines_group(cluster: Cluster, host: str) -> int:
     """The number of HOST's engines group, which alone reaches engine ports from there."""
     return int(cluster.on(host, "getent group socketwise-engines").split(":")[2])
+
+
+# The head engine's API: a Unix socket, no TCP port (the cluster role's __cluster_api_socket).
+API_SOCKET = "/run/socketwise-cluster/api.sock"
+# POST /invocations (vLLM's route outside its key check) on that socket, with no key, as
+# the user and groups setpriv is given: the HTTP status, or the error's name.
+INVOKE = (
+    "import http.client, json, socket, sys\n"
+    "class C(http.client.HTTPConnection):\n"
+    "    def connect(self):\n"
+    "        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(sys.argv[1])\n"
+    "c = C('localhost', timeout=60)\n"
+    "try:\n"
+    "    c.request('POST', '/invocations', json.dumps({'prompt': 'hi', 'max_tokens': 1}),\n"
+    "              {'Content-Type': 'application/json'}); print(c.getresponse().status)\n"
+    "except OSError as error:\n"
+    "    print(type(error).__name__)\n"
+)
+
+
+# setpriv's options for a local user that is not the door: no group but nogroup.
+NOT_THE_DOOR = ("--reuid=nobody", "--regid=nogroup", "--clear-groups")
+
+
+def invoke_api(cluster: Cluster, host: str, *who: str) -> str:
+    """What a keyless POST /invocations on HOST's engine socket gives a process run as
+    WHO (setpriv's options; none: root)."""
+    argv = (
+        ["setpriv", *who, "python3", "-c", INVOKE, API_SOCKET]
+        if who
+        else ["python3", "-c", INVOKE, API_SOCKET]
+    )
+    return cluster.on(host, shlex.join(argv))
 
 
 def table(host: str) -> str:

@@ -33,6 +33,7 @@ from .clusters import (
     HEAD,
     HEAD_UNIT,
     NOBODY,
+    NOT_THE_DOOR,
     PORT,
     RPC_PORT,
     RPC_UNIT,
@@ -41,6 +42,7 @@ from .clusters import (
     Cluster,
     controller_tables,
     engines_group,
+    invoke_api,
     knock,
     lab_cluster,
     table,
@@ -188,6 +190,9 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
     assert status == 401
     status, _ = frontdoor.call(cluster.address(HEAD), PORT, "/slots", cluster.key)
     assert status == 403
+    # The engine's API socket: a local user outside the engines' group cannot open it.
+    assert invoke_api(cluster, HEAD, *NOT_THE_DOOR) == "PermissionError"
+    assert invoke_api(cluster, HEAD).isdigit()
     for host in ("cluster1", "cluster2"):
         assert frontdoor.key_places_on_host(cluster.machines[host], cluster.key) == [], host
 
@@ -229,14 +234,15 @@ def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
     worker, head = cluster.cluster_address("cluster2"), cluster.cluster_address(HEAD)
     rpc = {cluster.on("cluster2", f"systemctl show -p MainPID --value {RPC_UNIT}")}
     assert cluster.listening("cluster2", rpc) == [(worker, RPC_PORT)]
+    # llama-server holds no TCP listener: its API is a Unix socket (test below).
     server = {cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}")}
-    assert cluster.listening(HEAD, server) == [(head, API_PORT)]
+    assert cluster.listening(HEAD, server) == []
     # The RPC server, which has no authentication, resets a host outside the cluster; a
     # member's engine still connects (the head holds its connection: the completions pass),
     # and on the head, a process of any other group than the engines' is reset.
     engines = engines_group(cluster, HEAD)
     assert engines_group(cluster, "cluster2") == engines
-    assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError"
+    assert knock(worker, RPC_PORT, STRANGER, engines) == "ConnectionRefusedError"
     assert knock(worker, RPC_PORT, head, engines) == "connected"
     assert knock(worker, RPC_PORT, head, NOBODY) == "ConnectionRefusedError"
 
@@ -252,7 +258,7 @@ NFTABLES_STOP = "[Service]\nExecStop=\nExecStop=/usr/sbin/nft -f /etc/nftables.c
 def test_the_filter_comes_back_when_the_hosts_firewall_service_flushes_it(
     cluster: Cluster, two_hosts
 ):
-    worker = cluster.cluster_address("cluster2")
+    worker, engines = cluster.cluster_address("cluster2"), engines_group(cluster, HEAD)
     conf = NFTABLES_CONF.format(table=table("cluster2"))
     cluster.on("cluster2", "cp -a /etc/nftables.conf /root/nftables.conf.kept")
     cluster.on("cluster2", "mkdir -p /run/systemd/system/nftables.service.d")
@@ -268,7 +274,7 @@ def test_the_filter_comes_back_when_the_hosts_firewall_service_flushes_it(
                 lambda: table("cluster2") in tables_of(["cluster2"]),
                 timeout=15,
             )
-            assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError", action
+            assert knock(worker, RPC_PORT, STRANGER, engines) == "ConnectionRefusedError", action
     finally:
         cluster.on(
             "cluster2",
@@ -281,10 +287,10 @@ def test_the_filter_comes_back_when_the_hosts_firewall_service_flushes_it(
 
 def test_a_second_deploy_loads_a_deleted_table_and_restarts_nothing(cluster: Cluster, two_hosts):
     started = cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}")
-    worker = cluster.cluster_address("cluster2")
+    worker, engines = cluster.cluster_address("cluster2"), engines_group(cluster, HEAD)
     # What a flush of cluster2's host would leave: its table gone, its unit still active.
     cluster.on("cluster2", f"nft delete table inet {table('cluster2')}")
-    assert knock(worker, RPC_PORT, STRANGER) == "connected"
+    assert knock(worker, RPC_PORT, STRANGER, engines) == "connected"
     readiness = cluster.work / "filtered.yml"
     readiness.write_text(FILTERED)
     checked = run_playbook(str(readiness), "-i", str(cluster.inventory(["cluster1", "cluster2"])))
@@ -297,7 +303,7 @@ def test_a_second_deploy_loads_a_deleted_table_and_restarts_nothing(cluster: Clu
     assert done.recap("cluster1")["changed"] == 0, done.changed_tasks("cluster1")
     assert done.changed_tasks("cluster2") == ["port_filter : Load the table"]
     assert table("cluster2") in tables_of(["cluster2"])
-    assert knock(worker, RPC_PORT, STRANGER) == "ConnectionRefusedError"
+    assert knock(worker, RPC_PORT, STRANGER, engines) == "ConnectionRefusedError"
     assert cluster.on("cluster1", f"systemctl show -p ExecMainPID --value {HEAD_UNIT}") == started
 
 

@@ -4,6 +4,7 @@ on its NUMA nodes, llama.cpp's RPC servers one per node, and every refusal in on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,7 @@ def test_two_even_hosts_split_the_layers_evenly_and_shard_a_big_share_over_both_
     assert (head["role"], head["layers"], head["ports"]) == (
         "head",
         {"first": 0, "count": 16},
-        {"front_door": 8000, "api": 8001, "master": 29501, "rpc": []},
+        {"front_door": 8000, "master": 29501, "rpc": []},
     )
     assert (worker["role"], worker["layers"], worker["ports"]) == (
         "worker",
@@ -120,7 +121,7 @@ def test_llamacpp_puts_one_rpc_server_per_node_with_a_thread_per_physical_core(h
         (("vm", "vm"), {"stages": 3}, "stages", "3 stages for 2 host(s)"),
         (("vm", "vm"), {"model_gb": 80}, "model_gb", "does not fit even the whole cluster"),
         (("r730", "epyc2s"), {}, "build_class", "different build classes (r730 avx2, epyc2s zen)"),
-        (("vm", "vm"), {"master_port": 8001}, "port", "ports clash on the head vm-1"),
+        (("vm", "vm"), {"master_port": 8000}, "port", "ports clash on the head vm-1"),
         (("vm", "vm"), {"engine": "mpi"}, "engine", "unknown engine 'mpi'"),
         (("vm", "vm"), {"layers": 1}, "stages", "2 stages for a model of 1 layers"),
         (("epyc2s", "epyc-nps4"), {"model_gb": 1000}, "model_gb", "every stage runs TP-6"),
@@ -216,18 +217,22 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         loader=jinja2.FileSystemLoader(REPO / "templates"), keep_trailing_newline=True,
         trim_blocks=True,
     )  # fmt: skip
-    environment.filters.update(comment=comment, systemd_quote=quote)
+    environment.filters.update(
+        comment=comment, systemd_quote=quote, dirname=os.path.dirname, basename=os.path.basename
+    )
     me = next(entry for entry in plan["hosts"] if entry["host"] == host)
     addresses = {entry["host"]: f"10.0.0.{entry['rank'] + 1}" for entry in plan["hosts"]}
     variables = {
         "ansible_managed": "Ansible managed", "socketwise_cluster": "r1",
         "socketwise_cluster_plan": plan, "socketwise_build": plan["build"],
         "socketwise_cluster_address": addresses[host], "__cluster_me": me,
-        "__cluster_is_head": me["rank"] == 0, "__cluster_api_port": 8001,
+        "__cluster_is_head": me["rank"] == 0,
+        "__cluster_api_socket": "/run/socketwise-cluster/api.sock",
         "__cluster_master": f"10.0.0.1:{plan['engine_settings']['master_port']}",
         "__cluster_master_address": "10.0.0.1", "__cluster_plan_id": "0123456789ab",
         "__cluster_member_addresses": list(addresses.values()),
         "__cluster_dir": "/etc/socketwise/cluster", "vllm_user": "vllm",
+        "__vllm_service_engine_group": "socketwise-engines",
         "vllm_home": "/opt/socketwise", "vllm_venv": "/opt/socketwise/venvs/abc",
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
         "vllm_service_dtype": "", "vllm_service_environment": {},

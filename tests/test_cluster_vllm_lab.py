@@ -30,10 +30,12 @@ from .clusters import (
     GREEDY,
     HEAD,
     NOBODY,
+    NOT_THE_DOOR,
     PORT,
     STRANGER,
     Cluster,
     engines_group,
+    invoke_api,
     knock,
     lab_cluster,
     table,
@@ -144,6 +146,10 @@ def test_only_the_front_door_is_public_and_the_key_stays_in_its_files(cluster: C
     assert not frontdoor.answers(cluster.address(HEAD), API_PORT)
     status, _ = frontdoor.call(cluster.address(HEAD), PORT, "/v1/completions", None, GREEDY)
     assert status == 401
+    # vLLM answers /invocations with no key (its key check misses it): on the head's API
+    # socket, which a local user outside the engines' group cannot open; root can.
+    assert invoke_api(cluster, HEAD, *NOT_THE_DOOR) == "PermissionError"
+    assert invoke_api(cluster, HEAD) == "200"
     # vLLM's own rendezvous would listen on every address; the kit's is on the head's
     # cluster address, and no process of any stage listens anywhere public.
     head_address = cluster.cluster_address(HEAD)
@@ -172,23 +178,23 @@ def test_the_heads_metrics_door_serves_vllms_figures_for_the_pipeline(cluster: C
 
 
 def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
+    engines = engines_group(cluster, "cluster2")
+    assert engines_group(cluster, HEAD) == engines
     for host in ("cluster1", "cluster2"):
         # A table of the host's own in the one network the lab's machines share.
         assert f"table inet {table(host)}" in cluster.on(host, "nft list tables"), host
-        # Every socket a stage listens on but the head's API: the rendezvous, vLLM's
-        # queues and gloo, on ports vLLM and gloo take from the kernel. Each is on the
-        # host's cluster address and resets a host outside the cluster.
+        # Every socket a stage listens on (the head's API is a Unix socket): the
+        # rendezvous, vLLM's queues and gloo, on ports vLLM and gloo take from the kernel.
+        # Each is on the host's cluster address and resets a host outside the cluster.
         address = cluster.cluster_address(host)
         engine = cluster.listening(host, set(stage_pids(cluster, host)))
-        engine = [(a, port) for a, port in engine if port != API_PORT]
-        assert engine, host
+        assert engine and API_PORT not in {port for _, port in engine}, (host, engine)
         assert {a for a, _ in engine} == {address}, (host, engine)
-        refused = {port: knock(address, port, STRANGER) for _, port in engine}
+        refused = {port: knock(address, port, STRANGER, engines) for _, port in engine}
         assert set(refused.values()) == {"ConnectionRefusedError"}, (host, refused)
     # A member's engine still reaches the rendezvous (and the stages, their gloo:
     # completions pass); a local process of any other group is reset.
     head, member = cluster.cluster_address(HEAD), cluster.cluster_address("cluster2")
-    engines = engines_group(cluster, "cluster2")
     assert knock(head, MASTER_PORT, member, engines) == "connected"
     assert knock(head, MASTER_PORT, member, NOBODY) == "ConnectionRefusedError"
 

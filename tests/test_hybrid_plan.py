@@ -138,7 +138,7 @@ def test_deployed_it_is_a_llamacpp_cluster_of_one_host_with_the_plans_flags(mach
     assert (planned["layout"], planned["device"], planned["head"]) == ("hybrid", "gpu", "gpu1")
     assert planned["build"]["device"] == "cuda"
     (head,) = planned["hosts"]
-    assert head["ports"] == {"front_door": 8000, "api": 8001, "rpc": []}
+    assert head["ports"] == {"front_door": 8000, "rpc": []}
     assert head["rpc_servers"] == [] and head["layers"] == {"first": 0, "count": 61}
     assert head["stage"]["cpus_allowed"] == NODE0_CORES + NODE1_CORES
     assert head["stage"]["membind"] == [0, 1]

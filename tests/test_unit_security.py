@@ -473,10 +473,11 @@ def test_every_directive_of_the_sandbox_holds_in_every_unit_it_promises(rendered
         if server and not image and not setting_values(unit, "DeviceAllow"):
             promised += ("PrivateDevices",)
         missing = [field for field in promised if not entries[field]["set"]]
-        # Files a unit makes are never other users': its last UMask= wins (a vLLM
-        # instance's 0007 lets the door's group open its API socket).
+        # Files a unit makes are never other users': its last UMask= wins (an engine
+        # that serves its API on a socket takes 0007: the door's group opens it).
         umask = int(setting_values(unit, "UMask")[-1], 8)
-        if umask & 0o007 != 0o007 or (umask & 0o070 != 0o070 and "vllm-" not in name):
+        api_socket = re.search(r"--uds |--host \S+\.sock ", unit.read_text())
+        if umask & 0o007 != 0o007 or (umask & 0o070 != 0o070 and not api_socket):
             missing.append(f"UMask={umask:04o}")
         if server and "strict" not in entries["ProtectSystem"]["description"]:
             missing.append(f"ProtectSystem: {entries['ProtectSystem']['description']}")
@@ -725,16 +726,22 @@ def _connects(path: Path, *who: str) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
-def test_an_instances_api_socket_opens_to_its_door_alone(rendered):
-    """Every single-host instance serves its API on a Unix socket (no --host or --port) in
-    its runtime directory; the server's group is the one the host's door holds. Done as
+def test_an_engines_api_socket_opens_to_its_door_alone(rendered):
+    """Every single-host instance, and a cluster head's engine (vLLM's head stage,
+    llama-server, a hybrid server), serves its API on a Unix socket (no TCP port) in its
+    runtime directory; the server's group is the one the host's door holds. Done as
     systemd does it (the directory made with its mode, owned by the unit's user and group,
     then vLLM binding the socket as the server's user and group under its umask;
     stand-ins for the user and group): the door's process may connect, another user's is
     refused."""
     group = setting(rendered.units["socketwise-lb.service"], "SupplementaryGroups")
+    head_door = rendered.units["head-socketwise-cluster-lb.service"]
+    assert setting(head_door, "SupplementaryGroups") == group
+    heads = ["head-socketwise-pp-vllm.service", "head-socketwise-llamacpp.service",
+             "gpu-socketwise-llamacpp.service"]  # fmt: skip
     engines = [n for n in rendered.units if re.search(r"socketwise-vllm-\w+\.service$", n)]
     assert len(engines) >= 8, engines
+    engines += heads
     # Where the stand-in users reach (pytest's own directory is root's alone).
     place = Path(tempfile.mkdtemp(prefix="engines-"))
     place.chmod(0o755)
@@ -742,8 +749,10 @@ def test_an_instances_api_socket_opens_to_its_door_alone(rendered):
         for name in engines:
             unit = rendered.units[name]
             text = unit.read_text()
-            [uds] = re.findall(r"^\s+--uds (\S+) \\$", text, re.M)
-            assert not re.search(r"^\s+--(host|port) ", text, re.M), name
+            # vLLM's --uds; llama-server's --host ending in .sock.
+            [uds] = re.findall(r"^\s+--(?:uds (\S+)|host (\S+\.sock)) \\$", text, re.M)
+            uds = "".join(uds)
+            assert not re.search(r"^\s+--(host|port) (?!\S+\.sock)", text, re.M), name
             runtime = setting(unit, "RuntimeDirectory")
             assert Path(uds).parent == Path("/run") / runtime, name
             assert setting(unit, "Group") == group, name

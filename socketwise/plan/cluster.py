@@ -321,16 +321,14 @@ def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
             f"{', '.join(f'{n} {u:.0f} GB' for (n, _), u in zip(hosts, usable, strict=True))} "
             f"usable ({total:.0f} GB in all), less {MIN_KV_GB} GB of cache per host",
         )
-    head_port = request.port + 1
-    head_ports = [request.port, head_port] + (
-        [request.master_port] if request.engine == "vllm" else []
-    )
-    if len(set(head_ports)) < len(head_ports):
+    # The head's engine serves its API on a Unix socket: the front door's port and vLLM's
+    # rendezvous are its only TCP ports.
+    if request.engine == "vllm" and request.master_port == request.port:
         raise PlanError(
             "port",
-            f"ports clash on the head {hosts[0][0]}: the front door {request.port}, its API "
-            f"{head_port} and vLLM's master port {request.master_port} must differ",
-            [f"master port {max(head_ports) + 1}"],
+            f"ports clash on the head {hosts[0][0]}: the front door {request.port} and vLLM's "
+            f"master port {request.master_port} must differ",
+            [f"master port {request.port + 1}"],
         )
     if request.engine == "vllm":
         counts = _split_layers(request.layers, usable)
@@ -345,7 +343,7 @@ def plan_cluster(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
     firsts = _first_layers([p["layers"] for p in placed])
     plans = []
     for rank, ((name, _), entry, first) in enumerate(zip(hosts, placed, firsts, strict=True)):
-        ports = {"front_door": request.port, "api": head_port} if rank == 0 else {}
+        ports = {"front_door": request.port} if rank == 0 else {}
         if request.engine == "vllm" and rank == 0:
             ports["master"] = request.master_port
         plans.append(
@@ -419,7 +417,7 @@ def _hybrid_host(hosts: list[tuple[str, dict]], request: ClusterRequest) -> dict
         "weights_gb": request.model_gb,
         "usable_gb": round(sum(_usable_gb(n) for n in cpu_nodes(topo)), 1),
         "stage": _stage(instance), "rpc_servers": [],
-        "ports": {"front_door": request.port, "api": instance["port"], "rpc": []},
+        "ports": {"front_door": request.port, "rpc": []},
     }  # fmt: skip
     engine = {
         "n_gpu_layers": "all",
