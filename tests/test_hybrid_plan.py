@@ -106,6 +106,14 @@ def test_the_experts_bind_to_the_gpus_node_only_while_it_holds_them(
             "ranks",
             "a hybrid plan is one llama.cpp server, on one GPU: no ranks",
         ),
+        # A layer count or a count of dense layers no model has: named before any sizing
+        # (a count of 0 would else read as experts in no layer; -1 would place them).
+        ({"model_gb": 142, "expert_gb": 133, "layers": 0}, "layers", "layers 0 must be at least 1"),
+        (
+            {"model_gb": 142, "expert_gb": 133, "layers": 94, "dense_layers": -1},
+            "dense_layers",
+            "dense layers -1 must be >= 0",
+        ),
     ],
 )
 def test_a_model_the_gpu_and_memory_cannot_hold_is_refused_in_one_line(
