@@ -215,6 +215,46 @@ class _Refuse(BaseHTTPRequestHandler):
         pass
 
 
+# A busy host's door answers /health late: the check waits in its capped backend's queue,
+# behind the requests it serves (haproxy.cfg.j2's timeout check).
+BUSY_HEALTH_SECONDS = 3.0
+
+
+class Busy(ThreadingHTTPServer):
+    """A host's door under load: /health answers 200 after BUSY_HEALTH_SECONDS, every
+    other request 200 at once; `served` counts those."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__((ADDRESS, 0), _Busy)
+        self.served = 0
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A check HAProxy gave up on closed its connection: not an error.
+        pass
+
+
+class _Busy(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Busy
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/health":
+            time.sleep(BUSY_HEALTH_SECONDS)
+        else:
+            self.server.served += 1
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 # --- rendering and running the doors -----------------------------------------------------
 
 
@@ -286,13 +326,15 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
     }
 
 
-def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, Door]:
+def render(
+    directory: Path, backend_port: int, refusing_port: int, busy_port: int
+) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
     others += ("host-pinned",)
-    others += ("fleet-retry",)
+    others += ("fleet-retry", "fleet-busy")
     others += ("engine-gone",)
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
@@ -447,6 +489,17 @@ def render(directory: Path, backend_port: int, refusing_port: int) -> dict[str, 
                 "__vllm_service_fleet_servers": [
                     {"name": "restarting", "address": ADDRESS, "port": refusing_port, "tls": False},
                     {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},
+                ],
+            },
+        ),
+        # Over one host whose door is busy: its /health answers late.
+        "fleet-busy": (
+            "fleet-haproxy.cfg.j2",
+            {
+                "vllm_service_fleet_port": ports["fleet-busy"],
+                "__vllm_service_fleet_socket": str(directory / "fleet-busy.sock"),
+                "__vllm_service_fleet_servers": [
+                    {"name": "busy", "address": ADDRESS, "port": busy_port, "tls": False},
                 ],
             },
         ),
@@ -681,6 +734,9 @@ class FrontDoors:
     directory: Path
     processes: dict[str, subprocess.Popen]
     refusing: Refusing
+    busy: Busy
+    # When the doors started (time.monotonic()).
+    started: float
 
     def log(self, door: str) -> str:
         """What the door's HAProxy wrote: its access log (the journal, on a host)."""
@@ -690,10 +746,11 @@ class FrontDoors:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory) -> Iterator[FrontDoors]:
     directory = tmp_path_factory.mktemp("frontdoor")
-    server, refusing = Recorder(), Refusing()
-    for serving in (server, refusing):
+    server, refusing, busy = Recorder(), Refusing(), Busy()
+    for serving in (server, refusing, busy):
         threading.Thread(target=serving.serve_forever, daemon=True).start()
-    doors = render(directory, server.server_address[1], refusing.server_address[1])
+    ports = (server.server_address[1], refusing.server_address[1], busy.server_address[1])
+    doors = render(directory, *ports)
     engine = EngineSocket(directory / ENGINE_SOCKET, server)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     given = credentials(directory)
@@ -703,12 +760,12 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
         for door in doors.values():
             if door.name not in SECOND_LISTENERS:
                 processes[door.name] = start(door, directory, given)
-        yield FrontDoors(doors, server, directory, processes, refusing)
+        yield FrontDoors(doors, server, directory, processes, refusing, busy, time.monotonic())
     finally:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        for serving in (server, refusing, engine):
+        for serving in (server, refusing, busy, engine):
             serving.shutdown()
             serving.server_close()
 
@@ -1321,6 +1378,15 @@ def test_a_fleet_door_over_tls_hosts_alone_sends_the_clients_key_no_further(fron
     assert "http-request del-header Authorization" in config
     plain = (front.directory / "fleet.cfg").read_text().split("frontend metrics")[0]
     assert "del-header Authorization" not in plain
+
+
+def test_the_fleet_door_keeps_a_busy_host_whose_health_answers_late(front):
+    # Two of the fleet door's checks (every 2 s) have had their time: a host whose /health
+    # took 3 s, behind its own door's queue, still serves; it was not taken out as down.
+    time.sleep(max(0.0, 10 - (time.monotonic() - front.started)))
+    outcome = send(front, "fleet-busy", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert outcome.status == 200, outcome
+    assert front.busy.served == 1
 
 
 def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(front):
