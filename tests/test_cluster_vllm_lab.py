@@ -215,6 +215,46 @@ def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_host
     assert {h: show(cluster, h, "ExecMainPID") for h in hosts} == started
 
 
+# vLLM refuses the argument: every stage exits at its start and no completion comes.
+UNKNOWN_FLAG = "--no-such-flag"
+RELEASE = "/var/lib/socketwise/cluster-release"
+
+
+def test_a_failed_deploy_goes_back_to_the_clusters_last_release_and_serves(
+    cluster: Cluster, two_hosts
+):
+    hosts = ["cluster1", "cluster2"]
+    _, before = cluster.completion()
+    release = {h: cluster.on(h, f"cat {RELEASE}/id") for h in hosts}
+    units = {h: stage_unit(cluster, h) for h in hosts}
+    started = {h: show(cluster, h, "ExecMainPID") for h in hosts}
+    bad = {
+        "vllm_service_extra_args": [*json.loads(COMPILE), UNKNOWN_FLAG],
+        "cluster_ready_timeout": 20,
+    }
+    done = cluster.deploy(hosts, "-e", json.dumps(bad))
+    assert done.returncode != 0, done.output[-3000:]
+    # One line on each member, naming the member that failed, its step and why, and the
+    # release each went back to; the head's serves again through the front door.
+    failed = f"cluster a's deploy failed on {HEAD} at 'Check that one came': {HEAD}: no completion"
+    for host in hosts:
+        [line] = [s for s in done.output.splitlines() if f'"msg": "{host}: {failed}' in s]
+        back = f"back on release {release[host]}" + (", serving" if host == HEAD else "")
+        assert line.rstrip('"}').endswith(back), line
+    # Every stage runs the release's unit again (started anew), the release is the same,
+    # and the answer is the one the cluster gave before.
+    for host in hosts:
+        assert stage_unit(cluster, host) == units[host], host
+        assert UNKNOWN_FLAG not in stage_unit(cluster, host)
+        assert show(cluster, host, "ActiveState") == "active", host
+        assert show(cluster, host, "ExecMainPID") != started[host], host
+        assert cluster.on(host, f"cat {RELEASE}/id") == release[host], host
+    status, after = cluster.completion()
+    assert status == 200 and after["choices"][0]["text"] == before["choices"][0]["text"]
+    # Root's alone: the release holds the cluster's secrets.
+    assert cluster.on(HEAD, f"stat -c %a {RELEASE}") == "700"
+
+
 def test_three_hosts_give_the_same_answer(cluster: Cluster, two_hosts):
     _, on_two = cluster.completion()
     cluster.deployed(["cluster1", "cluster2", "cluster3"])
@@ -288,3 +328,4 @@ def test_removing_the_cluster_stops_and_removes_every_stage(cluster: Cluster, tw
     assert tables_of(members) == []
     for host in members:
         assert cluster.on(host, "ls /etc/socketwise/cluster 2>/dev/null || true") == "", host
+        assert cluster.on(host, f"ls -d {RELEASE} 2>/dev/null || true") == "", host
