@@ -333,7 +333,7 @@ def render(
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
-    others += ("host-pinned",)
+    others += ("host-pinned", "host-renewed")
     others += ("fleet-retry", "fleet-busy")
     others += ("engine-gone",)
     others += ("host-kit", *KIT_ISSUED)
@@ -393,6 +393,13 @@ def render(
         "vllm_service_credentials_dir": str(operator),
         "__vllm_service_fleet_client_ca": str(operator / "fleet-client-ca.pem"),
     }
+    # The kit's own pair two days before it expires: the play renews it, and the host's
+    # door takes the CAs fleet-client-ca.yml gives it (the new and the replaced).
+    renewed = operator_credentials(directory, RENEWED, "socketwise fleet client CA")
+    fleet_client_renewed = fleet_client | {
+        "vllm_service_credentials_dir": str(renewed),
+        "__vllm_service_fleet_client_ca": str(renewed / "host-ca.pem"),
+    }
     # roles/cluster/tasks/frontdoor.yml gives the rules these two.
     cluster = {
         "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
@@ -439,6 +446,11 @@ def render(
             "haproxy.cfg.j2",
             own_listener(directory, "host-pinned", plan, ports["host-pinned"])
             | fleet_client_of_operator,
+        ),
+        "host-renewed": (
+            "haproxy.cfg.j2",
+            own_listener(directory, "host-renewed", plan, ports["host-renewed"])
+            | fleet_client_renewed,
         ),
         # allow_anonymous: no key, so no key check.
         "anonymous": (
@@ -568,6 +580,24 @@ def render(
                     "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
                     "vars": {"vllm_service_credentials_dir": str(directory / KIT)},
                 },
+                # A kit's pair in its last 30 days is renewed; an operator's is kept as it is.
+                *(
+                    {
+                        "name": f"Renew the fleet door's client certificate in {where}",
+                        "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
+                        "vars": {"vllm_service_credentials_dir": str(directory / where)},
+                    }
+                    for where in (RENEWED, OPERATOR)
+                ),
+                {
+                    "name": "Write the CAs the host's door takes, as fleet-client-ca.yml does",
+                    "ansible.builtin.copy": {
+                        "content": "{{ __vllm_service_fleet_client_ca_text }}",
+                        "dest": str(directory / RENEWED / "host-ca.pem"),
+                        "mode": "0644",
+                    },
+                    "vars": {"vllm_service_credentials_dir": str(directory / RENEWED)},
+                },
                 {
                     "name": "Issue the door's certificate from the kit's CA",
                     "ansible.builtin.include_tasks": str(role / "tasks/door-certificate.yml"),
@@ -603,27 +633,30 @@ def render(
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    tls_doors = (*TLS_DOORS, "host-own-keys", "host-pinned", "rotating-tls", "host-kit")
+    tls_doors = (*TLS_DOORS, "host-own-keys", "host-pinned", "host-renewed", "rotating-tls", "host-kit")
     doors = {name: Door(name, ports[name], name in tls_doors) for name in tasks}
     return doors | {name: Door(name, ports[name]) for name in SECOND_LISTENERS}
 
 
 # An operator's own CA in the credentials directory, as the security guide allows.
 OPERATOR = "operator-credentials"
+# A pair of the kit's own that the render play renews.
+RENEWED = "renewed-credentials"
 
 
-def operator_credentials(directory: Path) -> Path:
+def operator_credentials(directory: Path, name: str = OPERATOR, ca: str = "operator CA") -> Path:
     """An operator's CA and the fleet door's client certificate it signed, named as the
     role names its own (fleet-client-ca.pem, fleet-client.pem), and another client
-    certificate the same CA signed for another name (another-client.pem)."""
-    where = directory / OPERATOR
+    certificate the same CA signed for another name (another-client.pem), in NAME; each
+    lasts two days. CA names the CA (the kit's own name: a pair the kit made)."""
+    where = directory / name
     where.mkdir()
 
     def run(*argv: str) -> None:
         subprocess.run(argv, check=True, capture_output=True, cwd=where)
 
     run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-        "-nodes", "-days", "2", "-subj", "/CN=operator CA", "-keyout", "ca.key",
+        "-nodes", "-days", "2", "-subj", f"/CN={ca}", "-keyout", "ca.key",
         "-out", "fleet-client-ca.pem", "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,keyCertSign")  # fmt: skip
     (where / "ext").write_text("extendedKeyUsage=clientAuth\n")
@@ -1368,6 +1401,32 @@ def test_a_host_door_takes_the_fleet_doors_certificate_alone_not_another_of_its_
             cert=operator / shown,
         )  # fmt: skip
         assert (outcome.status, len(outcome.reached)) == (status, int(status == 200)), shown
+
+
+def test_a_renewed_fleet_certificate_and_the_one_it_replaced_both_pass_the_host_door(front):
+    """The kit's pair two days before it expires: the deploy renews it (a new CA and
+    certificate, a year long); a host's door takes the new certificate and the replaced
+    one, which the fleet door shows until its own play, and still refuses another
+    certificate the old CA signed. An operator's own pair is never renewed."""
+    renewed = front.directory / RENEWED
+    for shown, status in (
+        ("fleet-client.pem", 200),
+        ("fleet-client-previous.pem", 200),
+        ("another-client.pem", 401),
+    ):
+        outcome = send(
+            front, "host-renewed", "POST", "/v1/completions", None, COMPLETION,
+            cert=renewed / shown,
+        )  # fmt: skip
+        assert (outcome.status, len(outcome.reached)) == (status, int(status == 200)), shown
+    lasts = subprocess.run(
+        ["openssl", "x509", "-in", str(renewed / "fleet-client.pem"), "-noout", "-checkend",
+         str(300 * 86400)], capture_output=True,
+    )  # fmt: skip
+    assert lasts.returncode == 0
+    assert (renewed / "fleet-client.pem").stat().st_mode & 0o777 == 0o600
+    operator = sorted(p.name for p in (front.directory / OPERATOR).iterdir())
+    assert "fleet-client-previous.pem" not in operator, operator
 
 
 def test_a_fleet_door_over_tls_hosts_alone_sends_the_clients_key_no_further(front):
