@@ -633,7 +633,14 @@ def render(
         env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
-    tls_doors = (*TLS_DOORS, "host-own-keys", "host-pinned", "host-renewed", "rotating-tls", "host-kit")
+    tls_doors = (
+        *TLS_DOORS,
+        "host-own-keys",
+        "host-pinned",
+        "host-renewed",
+        "rotating-tls",
+        "host-kit",
+    )
     doors = {name: Door(name, ports[name], name in tls_doors) for name in tasks}
     return doors | {name: Door(name, ports[name]) for name in SECOND_LISTENERS}
 
