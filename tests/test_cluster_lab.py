@@ -82,8 +82,11 @@ def buffers_mib(cluster: Cluster) -> dict[str, float]:
     command = " ".join(words)
     cluster.on(HEAD, f"systemctl stop {HEAD_UNIT}")
     try:
+        # In the engines' group, which alone reaches the RPC servers from a member; on a
+        # TCP port of its own (the unit's API socket goes with its runtime directory).
         log = cluster.on(
-            HEAD, f"timeout 10 {command} --port 18999 --log-verbosity 4 --log-colors off 2>&1 "
+            HEAD, f"timeout 10 setpriv --regid={engines_group(cluster, HEAD)} --clear-groups "
+            f"{command} --host 127.0.0.1 --port 18999 --log-verbosity 4 --log-colors off 2>&1 "
             "| grep 'model buffer size' || true"
         )  # fmt: skip
     finally:
