@@ -186,66 +186,39 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class Refusing(ThreadingHTTPServer):
-    """A host's door whose instances all left it (a restart): 503 to every request, after
-    reading it whole; `refused` counts them."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__((ADDRESS, 0), _Refuse)
-        self.refused = 0
-
-
-class _Refuse(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: Refusing
-
-    def _answer(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path != "/health":
-            self.server.refused += 1
-        self.send_response(503 if self.path != "/health" else 200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 # A busy host's door answers /health late: the check waits in its capped backend's queue,
 # behind the requests it serves (haproxy.cfg.j2's timeout check).
 BUSY_HEALTH_SECONDS = 3.0
 
 
-class Busy(ThreadingHTTPServer):
-    """A host's door under load: /health answers 200 after BUSY_HEALTH_SECONDS, every
-    other request 200 at once; `served` counts those."""
+class HostDoor(ThreadingHTTPServer):
+    """Another host's door, as the fleet door sees it: /health answers 200 after
+    HEALTH_SECONDS, every other request STATUS at once, after reading it whole; `answered`
+    counts those. A door whose instances all left it (a restart) answers 503; a busy one
+    answers /health late."""
 
     daemon_threads = True
 
-    def __init__(self) -> None:
-        super().__init__((ADDRESS, 0), _Busy)
-        self.served = 0
+    def __init__(self, status: int, health_seconds: float = 0.0) -> None:
+        super().__init__((ADDRESS, 0), _HostDoor)
+        self.status, self.health_seconds, self.answered = status, health_seconds, 0
 
     def handle_error(self, request: object, client_address: object) -> None:
         # A check HAProxy gave up on closed its connection: not an error.
         pass
 
 
-class _Busy(BaseHTTPRequestHandler):
+class _HostDoor(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: Busy
+    server: HostDoor
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/health":
-            time.sleep(BUSY_HEALTH_SECONDS)
+            time.sleep(self.server.health_seconds)
         else:
-            self.server.served += 1
-        self.send_response(200)
+            self.server.answered += 1
+        self.send_response(200 if self.path == "/health" else self.server.status)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -405,6 +378,18 @@ def render(
         "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
         "__vllm_service_api_key": "{{ __cluster_api_key }}",
     }
+
+    def fleet_over(name: str, **hosts: int) -> tuple[str, dict]:
+        """A fleet door of its own over plain HTTP host doors, {host name: port}."""
+        servers = [
+            {"name": h, "address": ADDRESS, "port": p, "tls": False} for h, p in hosts.items()
+        ]
+        return "fleet-haproxy.cfg.j2", {
+            "vllm_service_fleet_port": ports[name],
+            "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
+            "__vllm_service_fleet_servers": servers,
+        }
+
     tasks = {
         "host": ("haproxy.cfg.j2", {}),
         "host-tls": (
@@ -493,28 +478,9 @@ def render(
         ),
         "fleet": ("fleet-haproxy.cfg.j2", {}),
         # Over a host whose door answers 503 (its instances restarting) and one that serves.
-        "fleet-retry": (
-            "fleet-haproxy.cfg.j2",
-            {
-                "vllm_service_fleet_port": ports["fleet-retry"],
-                "__vllm_service_fleet_socket": str(directory / "fleet-retry.sock"),
-                "__vllm_service_fleet_servers": [
-                    {"name": "restarting", "address": ADDRESS, "port": refusing_port, "tls": False},
-                    {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},
-                ],
-            },
-        ),
+        "fleet-retry": fleet_over("fleet-retry", restarting=refusing_port, host1=backend_port),
         # Over one host whose door is busy: its /health answers late.
-        "fleet-busy": (
-            "fleet-haproxy.cfg.j2",
-            {
-                "vllm_service_fleet_port": ports["fleet-busy"],
-                "__vllm_service_fleet_socket": str(directory / "fleet-busy.sock"),
-                "__vllm_service_fleet_servers": [
-                    {"name": "busy", "address": ADDRESS, "port": busy_port, "tls": False},
-                ],
-            },
-        ),
+        "fleet-busy": fleet_over("fleet-busy", busy=busy_port),
         "fleet-tls": (
             "fleet-haproxy.cfg.j2",
             {
@@ -773,8 +739,8 @@ class FrontDoors:
     server: Recorder
     directory: Path
     processes: dict[str, subprocess.Popen]
-    refusing: Refusing
-    busy: Busy
+    refusing: HostDoor
+    busy: HostDoor
     # When the doors started (time.monotonic()).
     started: float
 
@@ -786,7 +752,7 @@ class FrontDoors:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory) -> Iterator[FrontDoors]:
     directory = tmp_path_factory.mktemp("frontdoor")
-    server, refusing, busy = Recorder(), Refusing(), Busy()
+    server, refusing, busy = Recorder(), HostDoor(503), HostDoor(200, BUSY_HEALTH_SECONDS)
     for serving in (server, refusing, busy):
         threading.Thread(target=serving.serve_forever, daemon=True).start()
     ports = (server.server_address[1], refusing.server_address[1], busy.server_address[1])
@@ -1452,7 +1418,7 @@ def test_the_fleet_door_keeps_a_busy_host_whose_health_answers_late(front):
     time.sleep(max(0.0, 10 - (time.monotonic() - front.started)))
     outcome = send(front, "fleet-busy", "POST", "/v1/completions", bearer(KEY), COMPLETION)
     assert outcome.status == 200, outcome
-    assert front.busy.served == 1
+    assert front.busy.answered == 1
 
 
 def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(front):
@@ -1463,4 +1429,4 @@ def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(fr
         outcome = send(front, "fleet-retry", "POST", "/v1/completions", bearer(KEY), COMPLETION)
         assert outcome.status == 200 and len(outcome.reached) == 1, outcome
         assert outcome.reached[0].body == COMPLETION
-    assert front.refusing.refused > 0
+    assert front.refusing.answered > 0
