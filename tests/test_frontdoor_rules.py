@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -102,6 +103,8 @@ CLUSTER_METRICS = ("cluster-llamacpp", "cluster-member")
 # Second listeners of the doors above, each started with its door: the host's metrics door
 # and the llama.cpp head's.
 SECOND_LISTENERS = ("metrics", "cluster-llamacpp-metrics", "engine-gone-metrics")
+# Doors a test starts itself, to see what they do before their first health checks.
+STARTED_BY_TESTS = ("fleet-dead",)
 # A host's door with small per-client limits, and a client address exempt from them.
 LIMITS = {"connections": 3, "rate": 2}
 EXEMPT = "127.0.0.2"
@@ -300,14 +303,14 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
 
 
 def render(
-    directory: Path, backend_port: int, refusing_port: int, busy_port: int
+    directory: Path, backend_port: int, refusing_port: int, busy_port: int, dying_port: int
 ) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
     others += ("host-pinned", "host-renewed")
-    others += ("fleet-retry", "fleet-busy")
+    others += ("fleet-retry", "fleet-busy", *STARTED_BY_TESTS)
     others += ("engine-gone",)
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
@@ -481,6 +484,8 @@ def render(
         "fleet-retry": fleet_over("fleet-retry", restarting=refusing_port, host1=backend_port),
         # Over one host whose door is busy: its /health answers late.
         "fleet-busy": fleet_over("fleet-busy", busy=busy_port),
+        # Over a host that dies once the door has it in (the test stops it) and one that serves.
+        "fleet-dead": fleet_over("fleet-dead", dying=dying_port, host1=backend_port),
         "fleet-tls": (
             "fleet-haproxy.cfg.j2",
             {
@@ -741,6 +746,7 @@ class FrontDoors:
     processes: dict[str, subprocess.Popen]
     refusing: HostDoor
     busy: HostDoor
+    dying: HostDoor
     # When the doors started (time.monotonic()).
     started: float
 
@@ -753,9 +759,11 @@ class FrontDoors:
 def front(tmp_path_factory) -> Iterator[FrontDoors]:
     directory = tmp_path_factory.mktemp("frontdoor")
     server, refusing, busy = Recorder(), HostDoor(503), HostDoor(200, BUSY_HEALTH_SECONDS)
-    for serving in (server, refusing, busy):
+    dying = HostDoor(200)
+    hosts = (server, refusing, busy, dying)
+    for serving in hosts:
         threading.Thread(target=serving.serve_forever, daemon=True).start()
-    ports = (server.server_address[1], refusing.server_address[1], busy.server_address[1])
+    ports = tuple(serving.server_address[1] for serving in hosts)
     doors = render(directory, *ports)
     engine = EngineSocket(directory / ENGINE_SOCKET, server)
     threading.Thread(target=engine.serve_forever, daemon=True).start()
@@ -764,14 +772,16 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     processes = {}
     try:
         for door in doors.values():
-            if door.name not in SECOND_LISTENERS:
+            if door.name not in SECOND_LISTENERS + STARTED_BY_TESTS:
                 processes[door.name] = start(door, directory, given)
-        yield FrontDoors(doors, server, directory, processes, refusing, busy, time.monotonic())
+        yield FrontDoors(
+            doors, server, directory, processes, refusing, busy, dying, time.monotonic()
+        )
     finally:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        for serving in (server, refusing, busy, engine):
+        for serving in (*hosts, engine):
             serving.shutdown()
             serving.server_close()
 
@@ -1419,6 +1429,38 @@ def test_the_fleet_door_keeps_a_busy_host_whose_health_answers_late(front):
     outcome = send(front, "fleet-busy", "POST", "/v1/completions", bearer(KEY), COMPLETION)
     assert outcome.status == 200, outcome
     assert front.busy.answered == 1
+
+
+def test_the_fleet_door_sends_a_completion_a_dead_host_would_have_had_to_another(front):
+    # A host that dies between two checks refuses the connection: each completion sent to
+    # it before the checks take it out (two of them, 2 s apart) is retried on the host that
+    # serves, and after they have, none is sent there; the client never sees an error.
+    process = start(front.doors["fleet-dead"], front.directory, front.directory / "credentials")
+    try:
+        time.sleep(0.5)  # the door's first checks have found both hosts serving
+        front.dying.shutdown()
+        front.dying.server_close()
+        for _ in range(8):
+            outcome = send(front, "fleet-dead", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+            assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+        # leastconn takes idle hosts in turns: some went to the dead host first. The
+        # access log's fifth connection count is the request's retries (+ when the last
+        # went to another server).
+        retries = re.compile(r" \d+/\d+/\d+/\d+/\+?[1-9]\d* \d+/\d+ \"POST")
+        log = front.log("fleet-dead")
+        retried = retries.findall(log)
+        assert retried and "fleet/dying is DOWN" not in log, log
+        deadline = time.monotonic() + 10
+        while "fleet/dying is DOWN" not in front.log("fleet-dead"):
+            assert time.monotonic() < deadline, front.log("fleet-dead")
+            time.sleep(0.2)
+        for _ in range(4):
+            outcome = send(front, "fleet-dead", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+            assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+        assert retries.findall(front.log("fleet-dead")) == retried
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(front):
