@@ -545,10 +545,47 @@ def test_a_request_no_plan_can_meet_is_refused_naming_the_input_and_the_fix(
     assert words in str(refused.value)
 
 
-def test_values_given_as_strings_plan_as_the_numbers_and_switches_they_spell():
-    request = PlanRequest.from_values(layout="tp", ranks="4", model_gb="8.5", split_nodes="false")
-    assert (request.ranks, request.model_gb, request.split_nodes) == (4, 8.5, False)
-    assert PlanRequest.from_values(split_nodes="yes").split_nodes is True
+def _nodes_of(cores: int) -> dict:
+    """Two NUMA nodes of CORES cores each, no SMT."""
+    nodes = [
+        {"id": n, "cores": [[c] for c in range(n * cores, (n + 1) * cores)], "memory_mb": 64000}
+        for n in range(2)
+    ]
+    return {"schema": 1, "nodes": nodes, "isa": {"avx2": True}}
+
+
+@pytest.mark.parametrize(
+    ("cores", "shown"),
+    [(6, ["TP ranks 10"]), (7, ["TP ranks 10", "... up to TP ranks 12"])],
+    ids=["six-that-work", "seven-that-work"],
+)
+def test_a_refused_rank_count_lists_six_that_work_and_the_largest(cores, shown):
+    # Split over two nodes, TP works with 1, 2 and any even count up to the usable cores.
+    with pytest.raises(PlanError) as refused:
+        plan(_nodes_of(cores), PlanRequest(layout="tp", ranks=3, split_nodes=True))
+    first = ["TP ranks 1", "TP ranks 2", "TP ranks 4", "TP ranks 6", "TP ranks 8"]
+    assert refused.value.alternatives == first + shown
+
+
+# Every number a request takes, as Ansible's extra vars give it (text), and its kind.
+SPELLED = {"ranks": ("4", 4), "reserve_cores": ("2", 2), "kv_gb": ("12", 12)}
+SPELLED |= {"port": ("9000", 9000)}
+SPELLED |= {"model_gb": ("8.5", 8.5), "concurrency": ("6", 6.0), "crossover": ("4.5", 4.5)}
+SPELLED |= {"gpu_memory_gb": ("80", 80.0), "expert_gb": ("30.5", 30.5), "layers": ("48", 48)}
+SPELLED |= {"dense_layers": ("3", 3)}
+
+
+@pytest.mark.parametrize("name", SPELLED)
+def test_values_given_as_strings_plan_as_the_numbers_and_switches_they_spell(name):
+    text, number = SPELLED[name]
+    value = getattr(PlanRequest.from_values(**{name: text}), name)
+    assert (value, type(value)) == (number, type(number))
+    # Left empty (an unset extra var): the request's default.
+    assert getattr(PlanRequest.from_values(**{name: ""}), name) == getattr(PlanRequest(), name)
+    request = PlanRequest.from_values(layout="tp", split_nodes="false")
+    assert (request.layout, request.split_nodes) == ("tp", False)
+    for switch in ("1", "true", "True", "yes", "on"):
+        assert PlanRequest.from_values(split_nodes=switch).split_nodes is True
     assert PlanRequest.from_values(kv_gb="", split_nodes="False").split_nodes is False
     for name, value in (("ranks", "two"), ("kv_gb", "2.5"), ("port", "80a")):
         with pytest.raises(PlanError) as refused:

@@ -97,7 +97,7 @@ class PlanRequest:
                 except (TypeError, ValueError) as exc:
                     raise PlanError(name, f"{value!r} is not a number") from exc
             elif value == "":
-                value = None
+                continue  # an extra var left empty: the request's default
             converted[name] = value
         return cls(**converted)
 
