@@ -234,3 +234,30 @@ def test_a_venv_and_model_named_only_by_a_release_given_to_keep_stay(home):
 def test_a_relative_home_is_refused(home):
     with pytest.raises(ValueError, match="'opt/socketwise' is not an absolute path"):
         removable("opt/socketwise", "opt/socketwise/releases", [])
+
+
+def test_a_home_without_venvs_prunes_the_releases_and_models_of_an_image(tmp_path):
+    """The image method's releases name an image, no venv (release.json's venv is null),
+    and its home has no venvs directory: the old release and its model still go."""
+    root = tmp_path / "opt" / "socketwise"
+    old_model = _model(root, "tiny-llama", "999999999999")
+    new_model = _model(root, "tiny-llama", "aaaaaaaaaaaa")
+    releases = []
+    for release_id, model in (("sn-000000000001", old_model), ("sn-000000000002", new_model)):
+        release = _release(root, release_id, new_model, model) | {"venv": None}
+        (root / "releases" / release_id / "release.json").write_text(json.dumps(release))
+        releases.append(release)
+    (root / "releases" / "current").symlink_to("sn-000000000002")
+    assert not (root / "venvs").exists()
+    removed = prune(str(root), str(root / "releases"), [releases[1]])
+    assert removed == [str(root / "releases" / "sn-000000000001"), str(old_model)]
+    assert new_model.exists() and not old_model.exists()
+
+
+def test_a_release_json_that_is_no_mapping_is_not_the_kit_s(home):
+    root = home["home"]
+    odd = root / "releases" / "sn-000000000009"
+    odd.mkdir()
+    (odd / "release.json").write_text(json.dumps(["sn-000000000009"]))
+    removed = removable(str(root), str(root / "releases"), [home["releases"]["current"]])
+    assert str(odd) not in removed and len(removed) == 3

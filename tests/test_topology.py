@@ -8,10 +8,12 @@ from collections.abc import Callable
 
 import pytest
 
+from socketwise.facts import topology as topology_module
 from socketwise.facts.topology import (
     TopologyError,
     ask_nvidia_smi,
     detect,
+    detect_here,
     format_cpulist,
     parse_cpulist,
     register,
@@ -236,7 +238,25 @@ def test_nvidia_smi_is_asked_on_a_live_host(nvidia_smi, machine_root):
     root = machine_root("dgx-h100")
     shutil.rmtree(root / "socketwise")
     assert gpu(detect(root), "0000:df:00.0")["memory_mb"] is None
-    assert gpu(detect(root, answers), "0000:df:00.0")["memory_mb"] == 81559
+    last = gpu(detect(root, answers), "0000:df:00.0")
+    assert last["memory_mb"] == 81559
+    assert last["links"]["0000:1b:00.0"] == "NV18"  # from `nvidia-smi topo -m`
+
+
+def test_only_the_live_host_asks_nvidia_smi(machine_root, monkeypatch):
+    # A saved tree (--root) is another host's: this host's nvidia-smi would describe the
+    # wrong GPUs, so only "/" (however spelled) asks it.
+    answers = {"query": "what nvidia-smi printed", "topo": "its links"}
+    asked = []
+    monkeypatch.setattr(topology_module, "ask_nvidia_smi", lambda: asked.append(1) or answers)
+    root = machine_root("dgx-h100")
+    assert gpu(detect_here(root), "0000:df:00.0")["memory_mb"] == 81559
+    assert asked == []
+    # This host's own tree is not read here: what detect is given is the subject.
+    monkeypatch.setattr(topology_module, "detect", lambda root, given: (str(root), given))
+    assert detect_here("/") == ("/", answers)
+    assert detect_here("//") == ("//", answers)
+    assert asked == [1, 1]
 
 
 def test_an_nvidia_smi_that_cannot_answer_leaves_the_figures_null(nvidia_smi):
