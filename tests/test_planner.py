@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from types import MappingProxyType
 
 import pytest
 from hypothesis import given, settings
@@ -373,6 +374,14 @@ def test_auto_places_sn_on_a_node_the_model_fits_not_the_one_with_most_cores():
     assert [rank["node"] for rank in result["instances"][0]["ranks"]] == [1]
 
 
+def test_nodes_whose_distances_are_unknown_count_as_local_and_ties_take_the_lowest_ids():
+    nodes = synthetic([(8, 64)] * 4)
+    for node in nodes["nodes"]:
+        del node["distances"]
+    result = plan(nodes, PlanRequest(layout="tp", ranks=2, model_gb=8))
+    assert result["instances"][0]["membind"] == [0, 1]
+
+
 def test_tp_takes_the_nodes_closest_to_each_other_by_the_distance_matrix():
     # A ring of four sockets: 0-2-1-3-0. Nodes 0 and 1 are two hops apart.
     ring = [[10, 32, 21, 21], [32, 10, 21, 21], [21, 21, 10, 32], [21, 21, 32, 10]]
@@ -586,7 +595,17 @@ def test_values_given_as_strings_plan_as_the_numbers_and_switches_they_spell(nam
     assert (request.layout, request.split_nodes) == ("tp", False)
     for switch in ("1", "true", "True", "yes", "on"):
         assert PlanRequest.from_values(split_nodes=switch).split_nodes is True
-    assert PlanRequest.from_values(kv_gb="", split_nodes="False").split_nodes is False
+    # An empty value leaves the rest as given.
+    request = PlanRequest.from_values(kv_gb="", split_nodes="on", layout="dp")
+    assert (request.kv_gb, request.split_nodes, request.layout) == (None, True, "dp")
+
+
+def test_a_calibration_record_from_ansible_becomes_a_plain_mapping_the_plan_records():
+    # Ansible hands the group's record over as a mapping of its own kind.
+    record = MappingProxyType({"reserve_cores": 1, "source": "measured in run-1"})
+    measured = PlanRequest.from_values(measured=record).measured
+    assert type(measured) is dict and measured == dict(record)
+    assert PlanRequest.from_values(measured={}).measured == {}
     for name, value in (("ranks", "two"), ("kv_gb", "2.5"), ("port", "80a")):
         with pytest.raises(PlanError) as refused:
             PlanRequest.from_values(**{name: value})
