@@ -260,6 +260,26 @@ def test_a_node_of_four_or_more_cores_keeps_the_rules_reserve_whatever_its_cache
     facts = _with_llc(topo("vm"), 2**20)
     ruled = plan(topo("vm"), PlanRequest(layout="sn", model_gb=0.007))
     assert binds(plan(facts, PlanRequest(layout="sn", model_gb=0.007))) == binds(ruled)
+    # Four cores: the rule's own reserve, not the cache's.
+    four = plan(_with_llc(synthetic([(4, 16)]), 2**20), PlanRequest(layout="sn", model_gb=0.007))
+    assert binds(four) == binds(
+        plan(synthetic([(4, 16)]), PlanRequest(layout="sn", model_gb=0.007))
+    )
+    assert "last-level cache" not in four["reason"]
+
+
+def test_weights_exactly_the_cache_s_size_fit_it_and_the_reason_says_both_sizes():
+    lab = _with_llc(two_core_lab_host(), 2**20)
+    for model_gb in (0.75, 1.0):
+        fitting = plan(lab, PlanRequest(layout="sn", model_gb=model_gb))
+        assert binds(fitting) == ["0"], model_gb
+    assert (
+        "768 MB of weights fit in the node's 1024 MB last-level cache"
+        in plan(lab, PlanRequest(layout="sn", model_gb=0.75))["reason"]
+    )
+    # A cluster's pipeline stage has no front end of its own: nothing to keep a core for.
+    stage = plan(lab, PlanRequest(layout="sn", model_gb=0.75, own_front_end=False))
+    assert binds(stage) == ["0,1"]
 
 
 @pytest.mark.parametrize(
@@ -417,6 +437,15 @@ def test_numbers_no_plan_can_use_are_refused_naming_the_input(topo, request_, fi
     with pytest.raises(PlanError) as refused:
         plan(topo("r730"), request_)
     assert refused.value.field == field
+
+
+def test_ranks_given_with_auto_are_refused_with_the_layouts_that_take_them(topo):
+    with pytest.raises(PlanError) as refused:
+        plan(topo("r730"), PlanRequest(layout="auto", ranks=4))
+    assert str(refused.value) == (
+        "layout auto chooses the rank count itself, so 4 ranks would be ignored: drop the "
+        "ranks, or choose the layout; plans that would work: layout tp ranks 4, layout dp ranks 4"
+    )
 
 
 # Keys a hand-edited topology gets wrong: each refused in one line naming the key path, the

@@ -243,6 +243,36 @@ def test_nvidia_smi_is_asked_on_a_live_host(nvidia_smi, machine_root):
     assert last["links"]["0000:1b:00.0"] == "NV18"  # from `nvidia-smi topo -m`
 
 
+def test_nvidia_smi_s_links_past_its_gpus_or_of_a_kind_unknown_are_left_out(machine_root):
+    root = machine_root("dgx-h100")
+    captured = root / "socketwise"
+    query = (captured / "nvidia-smi-query.csv").read_text()
+    rows = (captured / "nvidia-smi-topo.txt").read_text().splitlines()
+    first = next(i for i, row in enumerate(rows) if row.startswith("GPU0"))
+    # A link kind this parser does not know, and a row for a GPU the query did not list.
+    rows[first] = rows[first].replace("NV18", "NV?", 1)
+    rows.insert(first + 8, rows[first + 7].replace("GPU7", "GPU8", 1))
+    found = detect(root, {"query": query, "topo": "\n".join(rows)})
+    links = gpu(found, "0000:1b:00.0")["links"]
+    assert links["0000:43:00.0"] is None
+    assert links["0000:52:00.0"] == "NV18"
+    assert len(found["gpus"]) == 8
+
+
+def test_a_pci_domain_in_hex_is_the_sysfs_address_of_that_domain(machine_root):
+    root = machine_root("dgx-h100")
+    captured = root / "socketwise"
+    query = (captured / "nvidia-smi-query.csv").read_text()
+    # nvidia-smi spells the domain in 8 hex digits: 0x1a is sysfs's 001a.
+    moved = query.replace("00000000:1B:00.0", "0000001A:1B:00.0")
+    assert moved != query
+    for path in (root / "sys/bus/pci/devices").glob("0000:1b:00.0"):
+        path.rename(path.with_name("001a:1b:00.0"))
+    answers = {"query": moved, "topo": (captured / "nvidia-smi-topo.txt").read_text()}
+    first = gpu(detect(root, answers), "001a:1b:00.0")
+    assert first["memory_mb"] == 81559
+
+
 def test_only_the_live_host_asks_nvidia_smi(machine_root, monkeypatch):
     # A saved tree (--root) is another host's: this host's nvidia-smi would describe the
     # wrong GPUs, so only "/" (however spelled) asks it.
