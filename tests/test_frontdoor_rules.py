@@ -61,6 +61,8 @@ MAX_BODY = 2048
 INSTANCE = "vllm-sn"
 # Where the host doors reach INSTANCE (its Unix socket, in the test's directory).
 ENGINE_SOCKET = "engine.sock"
+# A second instance of a host's door, whose engine died (SickEngine).
+SICK = "vllm-dp-1"
 OPENAI_ROUTES = [
     ("GET", "/v1/models"),
     ("POST", "/v1/completions"),
@@ -189,6 +191,37 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class SickEngine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """An instance whose API server is up and whose engine died: vLLM answers 500 to every
+    request, /health too; `answered` counts the requests that were not health checks."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), _SickEngine)
+        self.answered = 0
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
+
+
+class _SickEngine(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: SickEngine
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.answered += self.path != "/health"
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 # A busy host's door answers /health late: the check waits in its capped backend's queue,
 # behind the requests it serves (haproxy.cfg.j2's timeout check).
 BUSY_HEALTH_SECONDS = 3.0
@@ -311,7 +344,7 @@ def render(
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
     others += ("host-pinned", "host-renewed")
     others += ("fleet-retry", "fleet-busy", *STARTED_BY_TESTS)
-    others += ("engine-gone",)
+    others += ("engine-gone", "engine-sick")
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
@@ -469,6 +502,27 @@ def render(
                 "__vllm_service_engine_sockets": {INSTANCE: str(directory / "gone.sock")},
             },
         ),
+        # A host's door over two instances, one of them sick (SickEngine on sick.sock).
+        "engine-sick": (
+            "haproxy.cfg.j2",
+            own_listener(
+                directory,
+                "engine-sick",
+                {
+                    "instances": [
+                        {"name": name, "port": free_port(), "max_connections": 8}
+                        for name in (INSTANCE, SICK)
+                    ]
+                },
+                ports["engine-sick"],
+            )
+            | {
+                "__vllm_service_engine_sockets": {
+                    INSTANCE: str(directory / ENGINE_SOCKET),
+                    SICK: str(directory / "sick.sock"),
+                }
+            },
+        ),  # fmt: skip
         # Reloaded with new keys (test_a_reload_takes_new_keys...).
         "rotating": (
             "haproxy.cfg.j2",
@@ -747,6 +801,7 @@ class FrontDoors:
     refusing: HostDoor
     busy: HostDoor
     dying: HostDoor
+    sick: SickEngine
     # When the doors started (time.monotonic()).
     started: float
 
@@ -766,7 +821,9 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     ports = tuple(serving.server_address[1] for serving in hosts)
     doors = render(directory, *ports)
     engine = EngineSocket(directory / ENGINE_SOCKET, server)
-    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    sick = SickEngine(directory / "sick.sock")
+    for serving in (engine, sick):
+        threading.Thread(target=serving.serve_forever, daemon=True).start()
     given = credentials(directory)
     self_signed(directory, "another CA", "other-ca")
     processes = {}
@@ -775,13 +832,13 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
             if door.name not in SECOND_LISTENERS + STARTED_BY_TESTS:
                 processes[door.name] = start(door, directory, given)
         yield FrontDoors(
-            doors, server, directory, processes, refusing, busy, dying, time.monotonic()
+            doors, server, directory, processes, refusing, busy, dying, sick, time.monotonic()
         )
     finally:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        for serving in (*hosts, engine):
+        for serving in (*hosts, engine, sick):
             serving.shutdown()
             serving.server_close()
 
@@ -901,6 +958,17 @@ def test_the_host_door_sends_an_instance_no_more_than_its_planned_connections(fr
         thread.join()
     assert statuses == [200] * 2 * cap
     assert front.server.most == cap
+
+
+def test_the_host_door_takes_an_instance_whose_engine_died_out_of_its_rotation(front):
+    # vLLM's API server outlives its engine and answers 500, to /health as well: the
+    # door's checks (every 2 s, out after two) leave every completion to the other one.
+    time.sleep(max(0.0, 6 - (time.monotonic() - front.started)))
+    answered = front.sick.answered
+    for _ in range(6):
+        outcome = send(front, "engine-sick", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+        assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+    assert front.sick.answered == answered
 
 
 @pytest.mark.parametrize("door", DOORS)
