@@ -960,6 +960,18 @@ def test_the_host_door_sends_an_instance_no_more_than_its_planned_connections(fr
     assert front.server.most == cap
 
 
+def test_a_client_that_stalls_before_its_headers_end_is_answered_408_in_ten_seconds(front):
+    # A slow client (or many: slowloris) holds a connection only for the door's 10 s to
+    # send its request's headers, not for the whole request timeout.
+    with socket.create_connection((ADDRESS, front.doors["host"].port), timeout=20) as client:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: door\r\n")
+        started = time.monotonic()
+        answer = client.recv(4096)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 9 <= waited < 15, waited
+
+
 def test_the_host_door_takes_an_instance_whose_engine_died_out_of_its_rotation(front):
     # vLLM's API server outlives its engine and answers 500, to /health as well: the
     # door's checks (every 2 s, out after two) leave every completion to the other one.
