@@ -193,13 +193,15 @@ class _Handler(BaseHTTPRequestHandler):
 
 class SickEngine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     """An instance whose API server is up and whose engine died: vLLM answers 500 to every
-    request, /health too; `answered` counts the requests that were not health checks."""
+    request, /health too (HEALTH: what /health answers, 200 for a cluster head whose
+    pipeline lost a worker); `answered` counts the clients' requests (the doors' checks
+    carry no X-Probe)."""
 
     daemon_threads = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, health: int = 500) -> None:
         super().__init__(str(path), _SickEngine)
-        self.answered = 0
+        self.answered, self.health = 0, health
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass
@@ -211,8 +213,8 @@ class _SickEngine(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.answered += self.path != "/health"
-        self.send_response(500)
+        self.server.answered += "X-Probe" in self.headers  # a client's, not a check
+        self.send_response(self.server.health if self.path == "/health" else 500)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -344,7 +346,7 @@ def render(
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
     others += ("host-pinned", "host-renewed")
     others += ("fleet-retry", "fleet-busy", *STARTED_BY_TESTS)
-    others += ("engine-gone", "engine-sick")
+    others += ("engine-gone", "engine-sick", "cluster-broken")
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
@@ -555,6 +557,16 @@ def render(
             for name, ca in zip(VERIFYING, CAS, strict=True)
         },
         "cluster": ("cluster-haproxy.cfg.j2", cluster),
+        # Over a head whose pipeline lost a worker (SickEngine with /health 200).
+        "cluster-broken": (
+            "cluster-haproxy.cfg.j2",
+            cluster
+            | {
+                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-broken"]},
+                "__cluster_lb_socket": str(directory / "cluster-broken.sock"),
+                "__cluster_api_socket": str(directory / "broken.sock"),
+            },
+        ),
         "cluster-tls": (
             "cluster-haproxy.cfg.j2",
             cluster
@@ -802,6 +814,7 @@ class FrontDoors:
     busy: HostDoor
     dying: HostDoor
     sick: SickEngine
+    broken: SickEngine
     # When the doors started (time.monotonic()).
     started: float
 
@@ -822,7 +835,8 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     doors = render(directory, *ports)
     engine = EngineSocket(directory / ENGINE_SOCKET, server)
     sick = SickEngine(directory / "sick.sock")
-    for serving in (engine, sick):
+    broken = SickEngine(directory / "broken.sock", health=200)
+    for serving in (engine, sick, broken):
         threading.Thread(target=serving.serve_forever, daemon=True).start()
     given = credentials(directory)
     self_signed(directory, "another CA", "other-ca")
@@ -832,13 +846,22 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
             if door.name not in SECOND_LISTENERS + STARTED_BY_TESTS:
                 processes[door.name] = start(door, directory, given)
         yield FrontDoors(
-            doors, server, directory, processes, refusing, busy, dying, sick, time.monotonic()
+            doors,
+            server,
+            directory,
+            processes,
+            refusing,
+            busy,
+            dying,
+            sick,
+            broken,
+            time.monotonic(),
         )
     finally:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        for serving in (*hosts, engine, sick):
+        for serving in (*hosts, engine, sick, broken):
             serving.shutdown()
             serving.server_close()
 
@@ -981,6 +1004,17 @@ def test_the_host_door_takes_an_instance_whose_engine_died_out_of_its_rotation(f
         outcome = send(front, "engine-sick", "POST", "/v1/completions", bearer(KEY), COMPLETION)
         assert outcome.status == 200 and len(outcome.reached) == 1, outcome
     assert front.sick.answered == answered
+
+
+def test_a_cluster_door_takes_out_a_head_whose_pipeline_fails_though_its_health_is_ok(front):
+    # A worker of the pipeline is gone: the head's /health still says ok, a completion
+    # fails. The door checks with a completion, so it answers 503 itself (a fleet door
+    # then tries another host) and sends the head nothing.
+    time.sleep(max(0.0, 6 - (time.monotonic() - front.started)))
+    answered = front.broken.answered
+    outcome = send(front, "cluster-broken", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert outcome.status == 503, outcome
+    assert front.broken.answered == answered
 
 
 @pytest.mark.parametrize("door", DOORS)
