@@ -191,72 +191,55 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class SickEngine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """An instance whose API server is up and whose engine died: vLLM answers 500 to every
-    request, /health too (HEALTH: what /health answers, 200 for a cluster head whose
-    pipeline lost a worker); `answered` counts the clients' requests (the doors' checks
-    carry no X-Probe)."""
-
-    daemon_threads = True
-
-    def __init__(self, path: Path, health: int = 500) -> None:
-        super().__init__(str(path), _SickEngine)
-        self.answered, self.health = 0, health
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass
-
-
-class _SickEngine(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: SickEngine
-
-    def _answer(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.answered += "X-Probe" in self.headers  # a client's, not a check
-        self.send_response(self.server.health if self.path == "/health" else 500)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 # A busy host's door answers /health late: the check waits in its capped backend's queue,
 # behind the requests it serves (haproxy.cfg.j2's timeout check).
 BUSY_HEALTH_SECONDS = 3.0
 
 
 class HostDoor(ThreadingHTTPServer):
-    """Another host's door, as the fleet door sees it: /health answers 200 after
+    """Another host's door, as the fleet door sees it: /health answers HEALTH after
     HEALTH_SECONDS, every other request STATUS at once, after reading it whole; `answered`
-    counts those. A door whose instances all left it (a restart) answers 503; a busy one
-    answers /health late."""
+    counts the clients' requests (the doors' checks carry no X-Probe). A door whose
+    instances all left it (a restart) answers 503; a busy one answers /health late."""
 
     daemon_threads = True
 
-    def __init__(self, status: int, health_seconds: float = 0.0) -> None:
+    def __init__(self, status: int, health_seconds: float = 0.0, health: int = 200) -> None:
         super().__init__((ADDRESS, 0), _HostDoor)
-        self.status, self.health_seconds, self.answered = status, health_seconds, 0
+        self.status, self.health_seconds, self.health = status, health_seconds, health
+        self.answered = 0
 
     def handle_error(self, request: object, client_address: object) -> None:
         # A check HAProxy gave up on closed its connection: not an error.
         pass
 
 
+class SickEngine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """An instance whose API server is up and whose engine died, on its Unix socket: vLLM
+    answers 500 to every request, /health too (HEALTH: 200 for a cluster head whose
+    pipeline lost a worker). Answered as HostDoor answers."""
+
+    daemon_threads = True
+    status, health_seconds = 500, 0.0
+
+    def __init__(self, path: Path, health: int = 500) -> None:
+        super().__init__(str(path), _HostDoor)
+        self.health, self.answered = health, 0
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
+
+
 class _HostDoor(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: HostDoor
+    server: HostDoor | SickEngine
 
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.answered += "X-Probe" in self.headers  # a client's, not a check
         if self.path == "/health":
             time.sleep(self.server.health_seconds)
-        else:
-            self.server.answered += 1
-        self.send_response(200 if self.path == "/health" else self.server.status)
+        self.send_response(self.server.health if self.path == "/health" else self.server.status)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -524,7 +507,7 @@ def render(
                     SICK: str(directory / "sick.sock"),
                 }
             },
-        ),  # fmt: skip
+        ),
         # Reloaded with new keys (test_a_reload_takes_new_keys...).
         "rotating": (
             "haproxy.cfg.j2",
