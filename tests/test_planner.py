@@ -583,15 +583,6 @@ def test_a_request_no_plan_can_meet_is_refused_naming_the_input_and_the_fix(
     assert words in str(refused.value)
 
 
-def _nodes_of(cores: int) -> dict:
-    """Two NUMA nodes of CORES cores each, no SMT."""
-    nodes = [
-        {"id": n, "cores": [[c] for c in range(n * cores, (n + 1) * cores)], "memory_mb": 64000}
-        for n in range(2)
-    ]
-    return {"schema": 1, "nodes": nodes, "isa": {"avx2": True}}
-
-
 @pytest.mark.parametrize(
     ("cores", "shown"),
     [(6, ["TP ranks 10"]), (7, ["TP ranks 10", "... up to TP ranks 12"])],
@@ -600,7 +591,7 @@ def _nodes_of(cores: int) -> dict:
 def test_a_refused_rank_count_lists_six_that_work_and_the_largest(cores, shown):
     # Split over two nodes, TP works with 1, 2 and any even count up to the usable cores.
     with pytest.raises(PlanError) as refused:
-        plan(_nodes_of(cores), PlanRequest(layout="tp", ranks=3, split_nodes=True))
+        plan(synthetic([(cores, 64)] * 2), PlanRequest(layout="tp", ranks=3, split_nodes=True))
     first = ["TP ranks 1", "TP ranks 2", "TP ranks 4", "TP ranks 6", "TP ranks 8"]
     assert refused.value.alternatives == first + shown
 
