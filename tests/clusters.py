@@ -227,6 +227,40 @@ class Cluster:
         return time.monotonic() - started
 
 
+# Debian's nftables.service on a member, with a configuration that removes the member's
+# table alone and a stop that does the same: its own flush ruleset would also remove the
+# tables of the other members and of the other test worker's lab, which share this one
+# network. What systemd runs after it (the kit's drop-in) is the host's own.
+NFTABLES_CONF = "table inet {table}\ndelete table inet {table}\n"
+NFTABLES_STOP = "[Service]\nExecStop=\nExecStop=/usr/sbin/nft -f /etc/nftables.conf\n"
+
+
+def assert_filter_survives_the_firewall_service(cluster: Cluster, host: str, port: int) -> None:
+    """HOST's firewall service started, reloaded and stopped, each removing HOST's table:
+    the table is back within seconds each time and PORT, an engine port HOST listens on at
+    its cluster address, resets a local process outside the engines' group."""
+    address, engines = cluster.cluster_address(host), engines_group(cluster, HEAD)
+    cluster.on(host, "cp -a /etc/nftables.conf /root/nftables.conf.kept")
+    cluster.on(host, "mkdir -p /run/systemd/system/nftables.service.d")
+    cluster.on(host, f"printf '{NFTABLES_STOP}' > /run/systemd/system/nftables.service.d/lab.conf")
+    conf = NFTABLES_CONF.format(table=table(host))
+    cluster.on(host, f"printf '{conf}' > /etc/nftables.conf && systemctl daemon-reload")
+    try:
+        for action in ("start", "reload", "stop"):
+            cluster.on(host, f"systemctl {action} nftables.service")
+            cluster.wait_for(
+                f"{host}'s table back after nftables.service {action}",
+                lambda: table(host) in tables_of([host]),
+                timeout=15,
+            )
+            assert knock(address, port, STRANGER, engines) == "ConnectionRefusedError", action
+    finally:
+        cluster.on(
+            host, "systemctl stop nftables.service; mv /root/nftables.conf.kept /etc/nftables.conf"
+        )
+        cluster.on(host, "rm -r /run/systemd/system/nftables.service.d; systemctl daemon-reload")
+
+
 @contextmanager
 def lab_cluster(tmp_path_factory, preinstalled: bool = False, **options) -> Iterator[Cluster]:
     """Three fresh lab machines as one Cluster (OPTIONS: engine, extra_vars, monitored), booted with

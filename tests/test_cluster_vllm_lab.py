@@ -5,8 +5,9 @@ One lab of three machines for the module; the stages build on each other (two ho
 cluster3 joins, then a follower dies). What is asserted is what a user of a cluster sees: a
 real completion through the head's front door, the same greedy answer whatever the number
 of hosts, every stage on its planned CPUs with its planned layers, the rendezvous on the
-cluster's address and nothing but the front door on a public one, the key only in its
-root-only files, and a cluster that heals by itself when a host's stage dies.
+cluster's address and nothing but the front door on a public one, a filter that comes
+back when the host's firewall service removes it, the key only in its root-only files,
+and a cluster that heals by itself when a host's stage dies.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .clusters import (
     PORT,
     STRANGER,
     Cluster,
+    assert_filter_survives_the_firewall_service,
     engines_group,
     invoke_api,
     knock,
@@ -197,6 +199,13 @@ def test_only_members_reach_the_engine_ports(cluster: Cluster, two_hosts):
     head, member = cluster.cluster_address(HEAD), cluster.cluster_address("cluster2")
     assert knock(head, MASTER_PORT, member, engines) == "connected"
     assert knock(head, MASTER_PORT, member, NOBODY) == "ConnectionRefusedError"
+
+
+def test_the_filter_comes_back_when_the_hosts_firewall_service_flushes_it(
+    cluster: Cluster, two_hosts
+):
+    (_, port), *_ = sorted(cluster.listening("cluster2", set(stage_pids(cluster, "cluster2"))))
+    assert_filter_survives_the_firewall_service(cluster, "cluster2", port)
 
 
 def test_a_second_deploy_changes_and_restarts_nothing(cluster: Cluster, two_hosts):
