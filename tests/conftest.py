@@ -26,6 +26,11 @@ LAB_OF = {
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmeasured = {UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values()} - {None} - set(LAB_MINUTES)
+    if unmeasured:
+        raise pytest.UsageError(
+            f"tests/conftest.py: LAB_MINUTES has no minutes for the lab(s) {sorted(unmeasured)}"
+        )
     for item in items:
         if item.get_closest_marker("lab") and item.path.name not in LAB_OF:
             raise pytest.UsageError(
@@ -34,20 +39,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
 
 
+# The labs whose tests keep engines under load for minutes: the rollout module's open
+# loop through every stage, the sweep's benchmark steps. vLLM's workers spin for a second
+# after each step, so two of them at once fight over the controller's two cores (on
+# 2026-12-03 the sweep's calibration, 8 minutes alone, had not finished after 26 beside
+# the rollout module). They share one scope: one worker runs them one after the other.
+UNDER_LOAD = {"rollout": "under-load", "sweep": "under-load"}
+# Each scope's minutes alone (docs/measurements.md), roughly: the longest goes out first,
+# so the last lab to start is a short one and the other worker's quick tests fill the
+# wait for it.
+LAB_MINUTES = {"under-load": 22, "lab": 15, "cluster": 9, "molecule": 11, "tune": 6}
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scope scheduling with a lab as the scope of its modules (every other test
-    its own). Scopes go out largest first, so the lab modules start at once; a worker gets
-    its next scope only at its last test (it runs a test once it holds the next), and a
-    worker still finishing a lab gets a quick test then, not the next lab: that lab goes
-    to whichever worker is done first, not to one whose last test may run ten minutes."""
+    """xdist's scope scheduling with a lab as the scope of its modules and a quick module
+    as one scope (its module-scoped fixtures, a rendering of every unit or door of about a
+    minute, are built once, not once per worker). The labs go out first, longest first,
+    then the quick modules, largest first; a worker gets its next scope only at its last
+    test (it runs a test once it holds the next), and a worker still finishing a lab gets
+    a quick module then, not the next lab: that lab goes to whichever worker is done
+    first, not to one whose last test may run ten minutes."""
     from xdist.scheduler import LoadScopeScheduling
 
-    labs = set(LAB_OF.values())
+    labs = {UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values() if lab}
 
     class OneWorkerPerLab(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
-            return LAB_OF.get(Path(nodeid.split("::", 1)[0]).name) or nodeid
+            module = nodeid.split("::", 1)[0]
+            lab = LAB_OF.get(Path(module).name)
+            return UNDER_LOAD.get(lab, lab) if lab else module
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:
+                self.ordered = True
+                first = sorted(
+                    self.workqueue,
+                    key=lambda scope: (
+                        (0, -LAB_MINUTES.get(scope, 0)) if scope in labs
+                        else (1, -len(self.workqueue[scope]))
+                    ),
+                )  # fmt: skip
+                for scope in first:
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
         def _reschedule(self, node) -> None:
             if node.shutting_down:
