@@ -37,6 +37,17 @@ def molecule(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+# Every behaviour the default scenario verifies (DP-2 behind the front door, its key, each
+# worker on its rank's CPUs; a second converge and --check changing nothing, there on SN)
+# is asserted by tests/test_deploy_lab.py on its own deployments; in the suite the
+# scenario cost about 5 minutes of the two cores more, which a slow CI machine could not
+# pay within its time. It runs when asked: before a change to molecule/default or the
+# roles' layout.
+@pytest.mark.skipif(
+    os.environ.get("SOCKETWISE_MOLECULE_DEFAULT") != "1",
+    reason="molecule's default scenario re-proves what tests/test_deploy_lab.py asserts: "
+    "run it with SOCKETWISE_MOLECULE_DEFAULT=1 (or `molecule test`)",
+)
 def test_molecule_default_scenario_passes(monkeypatch):
     finished = False
     try:
