@@ -25,20 +25,6 @@ LAB_OF = {
 }
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    unmeasured = {UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values()} - {None} - set(LAB_MINUTES)
-    if unmeasured:
-        raise pytest.UsageError(
-            f"tests/conftest.py: LAB_MINUTES has no minutes for the lab(s) {sorted(unmeasured)}"
-        )
-    for item in items:
-        if item.get_closest_marker("lab") and item.path.name not in LAB_OF:
-            raise pytest.UsageError(
-                f"{item.path.name}: a lab module that tests/conftest.py's LAB_OF does not "
-                "name; add it with the lab its machines belong to"
-            )
-
-
 # The labs whose tests keep engines under load for minutes: the rollout module's open
 # loop through every stage, the sweep's benchmark steps. vLLM's workers spin for a second
 # after each step, so two of them at once fight over the controller's two cores (on
@@ -49,6 +35,22 @@ UNDER_LOAD = {"rollout": "under-load", "sweep": "under-load"}
 # so the last lab to start is a short one and the other worker's quick tests fill the
 # wait for it.
 LAB_MINUTES = {"under-load": 22, "lab": 15, "cluster": 9, "molecule": 6, "tune": 6}
+# The scope of each lab's modules in the schedule below.
+LAB_SCOPES = {lab: UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values() if lab}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmeasured = set(LAB_SCOPES.values()) - set(LAB_MINUTES)
+    if unmeasured:
+        raise pytest.UsageError(
+            f"tests/conftest.py: LAB_MINUTES has no minutes for the lab(s) {sorted(unmeasured)}"
+        )
+    for item in items:
+        if item.get_closest_marker("lab") and item.path.name not in LAB_OF:
+            raise pytest.UsageError(
+                f"{item.path.name}: a lab module that tests/conftest.py's LAB_OF does not "
+                "name; add it with the lab its machines belong to"
+            )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -62,15 +64,14 @@ def pytest_xdist_make_scheduler(config, log):
     first, not to one whose last test may run ten minutes."""
     from xdist.scheduler import LoadScopeScheduling
 
-    labs = {UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values() if lab}
+    labs = set(LAB_SCOPES.values())
 
     class OneWorkerPerLab(LoadScopeScheduling):
         ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            lab = LAB_OF.get(Path(module).name)
-            return UNDER_LOAD.get(lab, lab) if lab else module
+            return LAB_SCOPES.get(LAB_OF.get(Path(module).name), module)
 
         def _assign_work_unit(self, node) -> None:
             if not self.ordered:
@@ -78,7 +79,7 @@ def pytest_xdist_make_scheduler(config, log):
                 first = sorted(
                     self.workqueue,
                     key=lambda scope: (
-                        (0, -LAB_MINUTES.get(scope, 0)) if scope in labs
+                        (0, -LAB_MINUTES[scope]) if scope in labs
                         else (1, -len(self.workqueue[scope]))
                     ),
                 )  # fmt: skip

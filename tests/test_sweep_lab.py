@@ -103,8 +103,7 @@ def calibration(machines, tmp_path_factory) -> Calibration:
         )  # fmt: skip
     except subprocess.TimeoutExpired as late:
         # What the pipe held when it was killed: bytes, text=True notwithstanding.
-        output = late.stdout or b""
-        output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        output = (late.stdout or b"").decode(errors="replace")
         pytest.fail(f"the calibration ran past {late.timeout} s; it had printed:\n{output[-3000:]}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return Calibration(run_dir, done.stdout, vars_file, before)
