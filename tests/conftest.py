@@ -34,7 +34,7 @@ UNDER_LOAD = {"rollout": "under-load", "sweep": "under-load"}
 # Each scope's minutes alone (docs/measurements.md), roughly: the longest goes out first,
 # so the last lab to start is a short one and the other worker's quick tests fill the
 # wait for it.
-LAB_MINUTES = {"under-load": 22, "lab": 15, "cluster": 9, "molecule": 6, "tune": 6}
+LAB_MINUTES = {"under-load": 22, "lab": 15, "cluster": 7, "molecule": 6, "tune": 6}
 # The scope of each lab's modules in the schedule below.
 LAB_SCOPES = {lab: UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values() if lab}
 

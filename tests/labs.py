@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -42,6 +43,28 @@ INSTALL_MARKERS = (
 )
 # What only a load generator installs: a serving host never holds GuideLLM.
 LOADGEN_ONLY = f"{KIT_HOME}/guidellm"
+
+
+# The parts of the lab a run leaves out unless asked (docs/development/testing.md): each
+# costs minutes of the controller's two cores that a slow CI machine cannot pay within
+# its time. This variable asks for all of them; some have a variable of their own too.
+FULL_LAB = "SOCKETWISE_FULL_LAB"
+
+
+def asked(variable: str = FULL_LAB) -> bool:
+    """Whether VARIABLE=1 or SOCKETWISE_FULL_LAB=1 asks for a part the suite leaves out."""
+    return "1" in (os.environ.get(variable), os.environ.get(FULL_LAB))
+
+
+def left_out(what: str, variable: str = FULL_LAB) -> str:
+    """Why WHAT was skipped, for `-ra`: what it is and how to ask for it."""
+    how = f"{variable}=1" + (f" (or {FULL_LAB}=1)" if variable != FULL_LAB else "")
+    return f"{what}: run it with {how}"
+
+
+def unless_asked(what: str, variable: str = FULL_LAB) -> pytest.MarkDecorator:
+    """Skip WHAT unless asked(VARIABLE)."""
+    return pytest.mark.skipif(not asked(variable), reason=left_out(what, variable))
 
 
 def installed_dir() -> Path:

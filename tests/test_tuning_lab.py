@@ -18,7 +18,15 @@ from types import ModuleType
 
 import pytest
 
-pytestmark = pytest.mark.lab
+from .labs import unless_asked
+
+# The host_tuning role's only lab proof (its rendering has fast tests in
+# tests/test_tuning.py): both scenarios take about 6 minutes of the controller's two cores
+# alone. Run them before a change to the role or to molecule/tuning*.
+pytestmark = [
+    pytest.mark.lab,
+    unless_asked("the tuning scenarios (tune, reboot, revert)", "SOCKETWISE_TUNING_LAB"),
+]
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
