@@ -49,7 +49,7 @@ from .playbooks import PlaybookRun
 
 pytestmark = pytest.mark.lab
 # The third host's stages (its deploy, the host-count sweep, a dead follower's healing):
-# about 7 minutes of the controller's two cores on a slow one. Run them before a change to
+# about 6 minutes of the controller's two cores on a slow one. Run them before a change to
 # the cluster's plan, its rendezvous or the sweep over hosts.
 ASK_THIRD_HOST = "SOCKETWISE_CLUSTER_THIRD_HOST"
 THIRD_HOST = unless_asked("the vLLM cluster's third host", ASK_THIRD_HOST)
