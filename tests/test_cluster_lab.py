@@ -67,7 +67,7 @@ pytestmark = [
         not llamacpp.is_complete(BUILD) and not asked("SOCKETWISE_LLAMACPP_LAB"),
         reason=f"llama.cpp's cluster programs are not built in {BUILD}: build them with "
         f"`.venv/bin/python -m socketwise.build.llamacpp {CLASS}` (about 20 minutes on two "
-        "cores) or set SOCKETWISE_LLAMACPP_LAB=1",
+        "cores) or set SOCKETWISE_LLAMACPP_LAB=1 (or SOCKETWISE_FULL_LAB=1)",
     ),
 ]
 

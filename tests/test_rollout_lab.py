@@ -7,9 +7,9 @@ each stage builds on the last: a rollout that changes nothing (in a ramp of batc
 rolling update to a new release (a new model revision and a changed vLLM argument), a
 rollout whose first host cannot become healthy (the second is never reached), a canary
 whose new release the benchmark gate finds slower (when asked: GATE), and a vLLM killed
-under load. The lab
-inventory gets `--enforce-eager` here: the tiny model then restarts in about 20 s instead
-of 60 s (torch compile), which the rollout's logic does not depend on.
+under load. The lab inventory gets `--enforce-eager` here: the tiny model then restarts
+in about 20 s instead of 60 s (torch compile), which the rollout's logic does not depend
+on.
 """
 
 from __future__ import annotations
