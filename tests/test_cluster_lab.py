@@ -51,7 +51,7 @@ from .clusters import (
     table,
     tables_of,
 )
-from .labs import asked
+from .labs import asked, left_out
 from .playbooks import BIN, REPO, PlaybookRun, run_playbook
 
 # The first deploy builds llama.cpp's two programs on the controller: about 20 minutes of
@@ -61,13 +61,17 @@ from .playbooks import BIN, REPO, PlaybookRun, run_playbook
 # otherwise the run's summary (-ra) says it was left out and why.
 CLASS = isa_class(detect())
 BUILD = llamacpp.build_dir(CLASS)
+ASK_BUILD = "SOCKETWISE_LLAMACPP_LAB"
 pytestmark = [
     pytest.mark.lab,
     pytest.mark.skipif(
-        not llamacpp.is_complete(BUILD) and not asked("SOCKETWISE_LLAMACPP_LAB"),
-        reason=f"llama.cpp's cluster programs are not built in {BUILD}: build them with "
-        f"`.venv/bin/python -m socketwise.build.llamacpp {CLASS}` (about 20 minutes on two "
-        "cores) or set SOCKETWISE_LLAMACPP_LAB=1 (or SOCKETWISE_FULL_LAB=1)",
+        not llamacpp.is_complete(BUILD) and not asked(ASK_BUILD),
+        reason=left_out(
+            f"the llama.cpp cluster module, whose programs are not built in {BUILD} (build "
+            f"them with `.venv/bin/python -m socketwise.build.llamacpp {CLASS}`, about 20 "
+            "minutes on two cores)",
+            ASK_BUILD,
+        ),
     ),
 ]
 
