@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 
 from .hwclass import BUILD_CLASSES, BuildRefused, build
 from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
-from .planner import GPU_BUILDS, MAX_PORT, MIN_KV_GB, PlanRequest, plan
+from .planner import plan
+from .shape import DEFAULT_PORT, GPU_BUILDS, MAX_PORT, MIN_KV_GB, PlanRequest
 
 ENGINES = ("vllm", "llamacpp")
 LAYOUTS = ("pp", "hybrid")
@@ -41,7 +42,7 @@ class ClusterRequest:
     layers: int | None = None  # num_hidden_layers: needed where the layers are split
     engine: str = "vllm"
     stages: int | None = None  # hosts used, in order (default: all)
-    port: int = 8000  # the front door, on the head
+    port: int = DEFAULT_PORT  # the front door, on the head
     master_port: int = 29501  # vLLM's rendezvous (torch.distributed), on the head
     rpc_port: int = 50052  # llama.cpp: the first ggml-rpc-server's port on each worker
     reserve_cores: int | None = None

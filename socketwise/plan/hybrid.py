@@ -2,8 +2,8 @@
 attention and dense weights sit on a GPU and whose routed experts, as many layers of them
 as the GPU cannot hold, stay in system memory and run on the CPU.
 
-Plain Python with no Ansible import, a part of the GPU planner (`gpu`). Rules (see
-docs/guides/hybrid-moe.md):
+Plain Python with no Ansible import, a part of the GPU planner (`gpu`, which hands a hybrid
+request here). Rules (see docs/guides/hybrid-moe.md):
 - The model is `model_gb` of weights, `expert_gb` of them routed experts, spread evenly
   over the layers after the `dense_layers` that have none (a GGUF file says all three).
 - The GPU (the one with the most memory, then the lowest PCI address) keeps the dense
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 
-from .gpu import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, finish_instances, indices, minors
+from .devices import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, finish_instances, indices, minors
 from .nodes import Node, PlanError, os_reserve_gb, reserve_for
-from .planner import MIN_KV_GB, PlanRequest, finish_plan, node_use
+from .shape import MIN_KV_GB, PlanRequest, finish_plan, node_use
 
 MARGIN = 0.1
 # llama-server's slots (--parallel): requests it decodes at once, as a cluster head's.

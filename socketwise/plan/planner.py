@@ -35,10 +35,21 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 
-from .hwclass import BuildRefused, build, hardware_class
+from .gpu import plan_gpus
+from .hwclass import BuildRefused, build
 from .nodes import Node, PlanError, cpu_nodes, os_reserve_gb, reserve_for
+from .shape import (
+    MAX_PORT,
+    MIN_KV_GB,
+    PlanRequest,
+    finish_plan,
+    instance_port,
+    node_use,
+    refuse_ranks_with_auto,
+    threads_bind,
+)
 
 LAYOUTS = ("sn", "tp", "dp", "auto", "hybrid")
 DP_MODES = ("instances", "vllm")
@@ -47,59 +58,7 @@ DEVICES = ("cpu", "gpu")
 # Concurrent requests above which one replica per node beat one instance on the
 # field notes' 2x E5-2680 v4; a starting point only, `socketwise sweep` measures it.
 DEFAULT_CROSSOVER = 6.0
-MIN_KV_GB = 1
 KV_FRACTION = 0.75
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    layout: str = "auto"
-    ranks: int | None = None
-    model_gb: float = 0.0
-    reserve_cores: int | None = None
-    kv_gb: int | None = None
-    concurrency: float | None = None
-    crossover: float | None = None
-    dp_mode: str = "instances"
-    split_nodes: bool = False
-    port: int = 8000
-    build_class: str | None = None
-    device: str = "cpu"
-    gpu_memory_gb: float | None = None
-    # A mixture of experts (the hybrid layout): the routed experts' share of model_gb, the
-    # layer count, and the layers before the first that has experts.
-    expert_gb: float | None = None
-    layers: int | None = None
-    dense_layers: int = 0
-    # What a calibration measured for this class, model and build and the deploy kept
-    # (calibrated.vet): planner names (reserve_cores, crossover, dtype) and `source`.
-    measured: dict | None = None
-    # The plan's instance is a unit of its own with vLLM's front end (False for a
-    # cluster's pipeline stage): SN may keep a core for that front end on a small node.
-    own_front_end: bool = True
-
-    @classmethod
-    def from_values(cls, **values: object) -> PlanRequest:
-        """Build a request from loosely typed values (Ansible extra vars arrive as strings)."""
-        kinds = {"ranks": int, "reserve_cores": int, "kv_gb": int, "port": int}
-        kinds |= {"model_gb": float, "concurrency": float, "crossover": float}
-        kinds |= {"gpu_memory_gb": float, "expert_gb": float, "layers": int, "dense_layers": int}
-        converted: dict[str, object] = {}
-        for name, value in values.items():
-            if name == "split_nodes":
-                value = str(value).lower() in ("1", "true", "yes", "on")
-            elif name == "measured" and value:
-                # A plain copy of Ansible's mapping: the plan records its request.
-                value = {str(key): item for key, item in dict(value).items()}  # type: ignore[call-overload]
-            elif value is not None and value != "" and name in kinds:
-                try:
-                    value = kinds[name](value)
-                except (TypeError, ValueError) as exc:
-                    raise PlanError(name, f"{value!r} is not a number") from exc
-            elif value == "":
-                continue  # an extra var left empty: the request's default
-            converted[name] = value
-        return cls(**converted)
 
 
 def _split(cores: list[list[int]], groups: int) -> list[list[list[int]]]:
@@ -192,11 +151,6 @@ def _kv_for(placed: list[dict], weights_per_rank: float, request: PlanRequest) -
     return int(request.kv_gb)
 
 
-def threads_bind(ranks: list[dict]) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND: each rank's CPUs as a comma list, `|` between ranks."""
-    return "|".join(",".join(map(str, rank["cpus"])) for rank in ranks)
-
-
 def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: int) -> dict:
     ranks = [{"node": r["node"], "cpus": [core[0] for core in r["cores"]]} for r in placed]
     return {
@@ -225,17 +179,6 @@ def _smallest_tp(nodes: list[Node], model_gb: float) -> int | None:
         if all(_holds(n, model_gb / ranks) for n in _closest(nodes, ranks)):
             return ranks
     return None
-
-
-def refuse_ranks_with_auto(request: PlanRequest) -> None:
-    """`auto` chooses the ranks (or GPUs) itself: ranks given with it would be ignored."""
-    if request.ranks is not None:
-        raise PlanError(
-            "ranks",
-            f"layout auto chooses the rank count itself, so {request.ranks} ranks would be "
-            "ignored: drop the ranks, or choose the layout",
-            [f"layout tp ranks {request.ranks}", f"layout dp ranks {request.ranks}"],
-        )
 
 
 def _measured_source(request: PlanRequest, name: str) -> str | None:
@@ -339,7 +282,6 @@ def _decide(nodes: list[Node], request: PlanRequest) -> tuple[str, int | None, s
     )
 
 
-MAX_PORT = 65535
 # vLLM's default --max-num-seqs on CPU for its API server: 128 per rank of an engine's
 # TP group, for each DP engine. The front door lets no more requests than that through
 # to an instance at once; the rest wait in its queue, not in vLLM's.
@@ -389,9 +331,6 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     except BuildRefused as exc:
         raise PlanError("build_class", str(exc)) from exc
     if request.device == "gpu":
-        # The GPU planner builds on this module (its request, its plan's shape).
-        from .gpu import plan_gpus
-
         return plan_gpus(topo, nodes, request, build_of_host)
     layout, ranks, reason = _decide(nodes, request)
     cached = _cached_weights_clause(nodes, request) if layout == "sn" else ""
@@ -422,15 +361,14 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         candidates = [n for n in nodes if _holds(n, request.model_gb)] or nodes
         best = sorted(candidates, key=lambda n: (-gpus.count(n.id), -len(n.cores), n.id))[:1]
         placed = _place_ranks(best, 1, request, False, "SN", equal=False)
-        instances = [
-            _instance("vllm-sn", port + 1, placed, 1, 1, _kv_for(placed, request.model_gb, request))
-        ]
+        kv = _kv_for(placed, request.model_gb, request)
+        instances = [_instance("vllm-sn", instance_port(port, 0), placed, 1, 1, kv)]
     elif layout == "tp":
         if ranks is None:
             ranks = len(nodes) if len(nodes) > 1 or not request.split_nodes else 2
         placed = _place_ranks(nodes, ranks, request, request.split_nodes, "TP", equal=True)
         kv = _kv_for(placed, request.model_gb / ranks, request)
-        instances = [_instance("vllm-tp", port + 1, placed, ranks, 1, kv)]
+        instances = [_instance("vllm-tp", instance_port(port, 0), placed, ranks, 1, kv)]
     else:
         if ranks is None:
             # One replica per node; a single node is split in halves.
@@ -439,10 +377,10 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         kv = _kv_for(placed, request.model_gb, request)
         dp_mode = request.dp_mode
         if dp_mode == "vllm":
-            instances = [_instance("vllm-dp", port + 1, placed, 1, ranks, kv)]
+            instances = [_instance("vllm-dp", instance_port(port, 0), placed, 1, ranks, kv)]
         else:
             instances = [
-                _instance(f"vllm-dp{i}", port + 1 + i, [rank], 1, 1, kv)
+                _instance(f"vllm-dp{i}", instance_port(port, i), [rank], 1, 1, kv)
                 for i, rank in enumerate(placed)
             ]
     used = sorted({r["node"] for r in placed})
@@ -458,59 +396,6 @@ def plan(topo: dict, request: PlanRequest) -> dict:
         instance["frontend_cpus"], instance["engine_cpus"] = _front_end(instance, nodes, front)
     placement = (layout, dp_mode, reason, instances, node_uses)
     return finish_plan(topo, request, build_of_host, *placement)
-
-
-def finish_plan(
-    topo: dict,
-    request: PlanRequest,
-    build_of_host: dict,
-    layout: str,
-    dp_mode: str | None,
-    reason: str,
-    instances: list[dict],
-    node_uses: list[dict],
-) -> dict:
-    """The plan document around placed instances, on CPUs or GPUs alike: every instance
-    behind the front door on the public port, the host's class and build."""
-    port = request.port
-    highest = max(i["port"] for i in instances)
-    if highest > MAX_PORT:
-        raise PlanError(
-            "port",
-            f"port {port} leaves no room for the {len(instances)} backend(s) on the ports "
-            f"after it (up to {highest}, above {MAX_PORT})",
-            [f"port {MAX_PORT - len(instances)}"],
-        )
-    load_balancer = {
-        "port": port,
-        "balance": "leastconn",
-        "backends": [i["port"] for i in instances],
-    }
-    return {
-        "device": request.device,
-        "layout": layout,
-        "dp_mode": dp_mode,
-        "reason": reason,
-        "endpoint_port": port,
-        "model_gb": request.model_gb,
-        "instances": instances,
-        "load_balancer": load_balancer,
-        "nodes": node_uses,
-        "request": asdict(request),
-        "hardware_class": hardware_class(topo),
-        "build": build_of_host | {"device": build_device(topo, instances)},
-    }
-
-
-# What a build runs on, by the vendor of the GPUs it serves on (`build.device`).
-GPU_BUILDS = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu"}
-
-
-def build_device(topo: dict, instances: list[dict]) -> str:
-    """`cpu`, or the GPU build the instances' GPUs need (`cuda` for NVIDIA's)."""
-    used = {pci for instance in instances for pci in instance.get("gpus", [])}
-    vendors = sorted({g.get("vendor") for g in topo.get("gpus", []) if g["pci"] in used})
-    return GPU_BUILDS.get(vendors[0], "cpu") if vendors else "cpu"
 
 
 def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list[int], list[int]]:
@@ -533,11 +418,3 @@ def _front_end(instance: dict, nodes: list[Node], front: set[int]) -> tuple[list
     if len(kept) >= 2:
         return sorted(front - set(kept[-1])), sorted(kept[-1])
     return sorted(front), sorted(first["cpus"])
-
-
-def node_use(node: Node, placed: list[dict]) -> dict:
-    """Which CPUs of a serving node infer and which are left to the OS (IRQs go there)."""
-    inference = sorted(core[0] for r in placed if r["node"] == node.id for core in r["cores"])
-    serving = {cpu for r in placed if r["node"] == node.id for core in r["cores"] for cpu in core}
-    reserved = sorted(cpu for core in node.cores for cpu in core if cpu not in serving)
-    return {"node": node.id, "inference_cpus": inference, "reserved_cpus": reserved}

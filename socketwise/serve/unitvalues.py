@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..plan.planner import MAX_PORT
+from ..plan.shape import MAX_PORT
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
