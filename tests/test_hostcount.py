@@ -150,3 +150,30 @@ def test_the_vocabulary_of_a_vllm_cluster_comes_from_its_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(hostcount.HostCountError, match="config.json gives no vocab_size"):
         hostcount.vocabulary("http://127.0.0.1:9/v1", "", model)
+
+
+def test_a_command_reads_the_inventory_once_and_each_part_gets_its_own_copy(
+    tmp_path, monkeypatch
+):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(INVENTORY)
+    runs = []
+    run = subprocess.run
+
+    def counted(argv, *args, **kwargs):
+        runs.append(argv)
+        return run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counted)
+    first = hostcount.read_inventory(inventory)
+    first["all"]["children"].append("changed by its reader")
+    # Asked again by another part of the command, by a path that names the same file.
+    again = hostcount.read_inventory(tmp_path / "." / "hosts.yml")
+    assert len(runs) == 1
+    assert "changed by its reader" not in again["all"]["children"]
+    assert set(again["_meta"]["hostvars"]) == {"head", "w1", "w2", "single"}
+    # A limit is a listing of its own, read once too.
+    limited = hostcount.read_inventory(inventory, "other")
+    hostcount.read_inventory(inventory, "other")
+    assert len(runs) == 2
+    assert set(limited["_meta"]["hostvars"]) == {"single"}

@@ -21,6 +21,8 @@ time less its generation time.
 
 from __future__ import annotations
 
+import copy
+import functools
 import http.client
 import json
 import random
@@ -45,7 +47,15 @@ class HostCountError(RuntimeError):
 
 def read_inventory(inventory: Path, limit: str | None = None) -> dict:
     """`ansible-inventory --list` of INVENTORY (only the hosts the pattern LIMIT names, when
-    given): groups, their hosts and children, _meta."""
+    given): groups, their hosts and children, _meta. Read once per command (a command's
+    parts ask for it again and again, and each read starts Ansible, about two seconds): the
+    listing as it was at the first read, a copy each time. Its groups and hosts hold while
+    a command runs; variables the command writes itself into group_vars are not in it."""
+    return copy.deepcopy(_listed(Path(inventory).resolve(), limit))
+
+
+@functools.cache
+def _listed(inventory: Path, limit: str | None) -> dict:
     listed = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list",
          *(["--limit", limit] if limit else [])],
