@@ -11,7 +11,7 @@ import sys
 
 from socketwise.facts import topology
 from socketwise.lab import machines
-from socketwise.measure import calibrate, status, sweep
+from socketwise.measure import calibrate, status, sweepcli
 from socketwise.plan import command as plan_command
 from socketwise.report import render
 
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     topology.register(subparsers)
     plan_command.register(subparsers)
     machines.register(subparsers)
-    sweep.register(subparsers, write_report=render.write)
+    sweepcli.register(subparsers, write_report=render.write)
     calibrate.register(subparsers, write_report=render.write)
     render.register(subparsers)
     status.register(subparsers)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from socketwise.measure import calibrate, sweep
+from socketwise.measure import calibrate, runner
 from socketwise.measure.calibrate import CalibrateError, Target, choose, variants
 from socketwise.measure.sweep import Profile
 
@@ -313,7 +313,7 @@ def test_a_group_file_that_sets_a_decided_value_itself_is_refused_before_measuri
 def test_limit_picks_the_classes_and_hosts_measured_from_a_survey_of_the_whole_fleet(tmp_path):
     # The real survey (playbooks/plan.yml) of the example fleet, planned from its saved
     # topologies: a class's group is checked against all its hosts, --limit only picks.
-    sweep._runner("playbooks/plan.yml", FLEET, {}, tmp_path)
+    runner.run_playbook("playbooks/plan.yml", FLEET, {}, tmp_path)
     (found,) = calibrate.targets(FLEET, tmp_path, "epyc-02")
     assert (found.host, found.group, found.hosts) == (
         "epyc-02",

@@ -152,7 +152,7 @@ def test_the_vocabulary_of_a_vllm_cluster_comes_from_its_checkpoint(tmp_path):
         hostcount.vocabulary("http://127.0.0.1:9/v1", "", model)
 
 
-def test_a_command_reads_the_inventory_once_and_each_part_gets_its_own_copy(
+def test_a_command_reads_an_unchanged_inventory_once_and_each_part_gets_its_own_copy(
     tmp_path, monkeypatch
 ):
     inventory = tmp_path / "hosts.yml"
@@ -177,3 +177,9 @@ def test_a_command_reads_the_inventory_once_and_each_part_gets_its_own_copy(
     hostcount.read_inventory(inventory, "other")
     assert len(runs) == 2
     assert set(limited["_meta"]["hostvars"]) == {"single"}
+    # Changed (a group_vars file the command wrote), it is read again, as it is now.
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "other.yml").write_text("written: 1\n")
+    changed = hostcount.read_inventory(inventory)
+    assert len(runs) == 3
+    assert changed["_meta"]["hostvars"]["single"]["written"] == 1

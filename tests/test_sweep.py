@@ -6,7 +6,8 @@ from pathlib import Path
 
 from socketwise.measure import sweep
 from socketwise.measure.rundir import SUMMARY_COLUMNS, write_csv
-from socketwise.measure.sweep import Profile, Sweep, failures, prompt_seed, run_fixed, summary_rows
+from socketwise.measure.runner import failures
+from socketwise.measure.sweep import Profile, Sweep, prompt_seed, run_fixed, summary_rows
 
 
 def test_rates_are_placed_relative_to_the_measured_maximum():
@@ -79,7 +80,7 @@ def test_every_layout_starts_its_steps_on_a_server_started_for_them(monkeypatch,
             (results / step["name"] / "bench.json").write_text('{"request_throughput": 4.0}')
         return {"lab1": results}
 
-    monkeypatch.setattr(sweep, "_runner", runner)
+    monkeypatch.setattr(sweep, "run_playbook", runner)
     monkeypatch.setattr(sweep, "_bench", bench)
     monkeypatch.setattr(sweep, "summary_rows", lambda *_: [])
     monkeypatch.setattr(sweep, "step_power_rows", lambda *_: [])

@@ -39,22 +39,19 @@ from pathlib import Path
 
 from socketwise.measure import hostcount
 from socketwise.measure.rundir import BASELINE
+from socketwise.measure.runner import SweepError, run_playbook
 from socketwise.measure.sweep import (
     LAYOUTS,
     LOADGEN_GROUP,
     TOOLS,
     Profile,
     Sweep,
-    SweepError,
-    _numbers,
-    _runner,
     base_manifest,
     check_tool,
     finish,
-    positive,
-    report_at_end,
     run_adaptive,
 )
+from socketwise.measure.sweepcli import numbers, positive, report_at_end
 from socketwise.plan import calibrated
 from socketwise.plan.nodes import default_reserve_cores
 
@@ -394,7 +391,7 @@ def calibrate(
     survey = run_dir / "artifacts" / "survey"
     _say("surveying the hosts (playbooks/plan.yml; nothing on them changes)")
     # Every host: a class's group must hold exactly its hosts, the unlimited ones too.
-    _runner("playbooks/plan.yml", inventory, {}, survey)
+    run_playbook("playbooks/plan.yml", inventory, {}, survey)
     found = targets(inventory, survey, limit)
     if not found:
         raise CalibrateError(f"{inventory}: no serving host to calibrate" +
@@ -409,7 +406,7 @@ def calibrate(
         _say(f"{target.class_id}: measuring on {target.host}, writing to {target.vars_file}")
         drain = {"socketwise_drain_hosts": [target.host]}
         if doors:
-            _runner("playbooks/drain.yml", inventory, drain | {"socketwise_drain": True},
+            run_playbook("playbooks/drain.yml", inventory, drain | {"socketwise_drain": True},
                     run_dir / "artifacts" / "drain")  # fmt: skip
         restored = False
         try:
@@ -422,17 +419,17 @@ def calibrate(
             _say(f"{target.class_id}: wrote {target.vars_file}" +
                  (f" (the file before: {backup})" if backup else ""))  # fmt: skip
             _say(f"{target.class_id}: deploying {target.host} with the measured choice")
-            _runner(
+            run_playbook(
                 "deploy.yml", inventory, {}, run_dir / "artifacts" / "restored", limit=target.limit
             )
             restored = True
         finally:
             if not restored:
                 _say(f"{target.host}: putting back its configured layout")
-                _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored",
+                run_playbook("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored",
                         limit=target.limit)  # fmt: skip
             if doors:
-                _runner("playbooks/drain.yml", inventory, drain | {"socketwise_drain": False},
+                run_playbook("playbooks/drain.yml", inventory, drain | {"socketwise_drain": False},
                         run_dir / "artifacts" / "drain")  # fmt: skip
         served = run_dir / "artifacts" / "restored" / target.host / "deploy-summary.json"
         plan = json.loads(served.read_text())["plan"]
@@ -506,7 +503,7 @@ def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]
         ):
             positive(flag, value)
         profile = Profile(
-            concurrencies=_numbers("--concurrencies", args.concurrencies, int),
+            concurrencies=numbers("--concurrencies", args.concurrencies, int),
             rate_fractions=[], input_len=args.input_len, output_len=args.output_len,
             step_seconds=args.step_seconds, repetitions=args.repetitions,
         )  # fmt: skip

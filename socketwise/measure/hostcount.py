@@ -31,11 +31,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from socketwise.common import paths
 from socketwise.measure.rundir import CLUSTER, CLUSTER_COLUMNS, SUMMARY_COLUMNS, write_csv
+from socketwise.measure.runner import run_playbook
 
 WARMUP_REQUESTS = 4
 LAYOUT = "pp{}"
@@ -47,15 +49,27 @@ class HostCountError(RuntimeError):
 
 def read_inventory(inventory: Path, limit: str | None = None) -> dict:
     """`ansible-inventory --list` of INVENTORY (only the hosts the pattern LIMIT names, when
-    given): groups, their hosts and children, _meta. Read once per command (a command's
-    parts ask for it again and again, and each read starts Ansible, about two seconds): the
-    listing as it was at the first read, a copy each time. Its groups and hosts hold while
-    a command runs; variables the command writes itself into group_vars are not in it."""
-    return copy.deepcopy(_listed(Path(inventory).resolve(), limit))
+    given): groups, their hosts and children, _meta. Read once per command while its files
+    stay as they are (a command's parts ask for it again and again, and each read starts
+    Ansible, about two seconds); a copy each time."""
+    inventory = Path(inventory).resolve()
+    return copy.deepcopy(_listed(inventory, limit, _files_as_they_are(inventory)))
+
+
+def _files_as_they_are(inventory: Path) -> tuple:
+    """What Ansible reads of INVENTORY (a file with its group_vars and host_vars beside it,
+    or a folder), each file with its size and time of change."""
+    if inventory.is_dir():
+        files = [f for f in inventory.rglob("*") if f.is_file()]
+    else:
+        beside = [inventory.parent / "group_vars", inventory.parent / "host_vars"]
+        files = [inventory, *(f for folder in beside for f in folder.rglob("*") if f.is_file())]
+    stats = ((f, f.stat()) for f in sorted(files) if f.exists())
+    return tuple((str(f), stat.st_size, stat.st_mtime_ns) for f, stat in stats)
 
 
 @functools.cache
-def _listed(inventory: Path, limit: str | None) -> dict:
+def _listed(inventory: Path, limit: str | None, _files: tuple) -> dict:
     listed = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list",
          *(["--limit", limit] if limit else [])],
@@ -311,3 +325,72 @@ def measure(deploy, endpoint_of, cluster: dict, counts: list[int], profile, say)
 def write(run_dir: Path, summary: list[dict], series: list[dict]) -> None:
     write_csv(run_dir / "summary.csv", SUMMARY_COLUMNS, summary)
     write_csv(run_dir / CLUSTER, CLUSTER_COLUMNS, series)
+
+
+def sweep_hosts(
+    inventory: Path,
+    counts: list[int],
+    run_dir: Path,
+    profile,
+    api_key_file: Path | None,
+    restore: bool = True,
+) -> Path:
+    """`socketwise sweep --hosts`: the inventory's one cluster at each number of hosts (PROFILE a
+    sweep's), each measured as `measure` does, into RUN_DIR."""
+    cluster = cluster_of(inventory)
+    counts = counts_for(cluster, counts)
+    key_file = api_key_file or key_file_of(inventory, cluster["head"])
+    if key_file and not key_file.is_file():
+        raise HostCountError(
+            f"{key_file}: no such file (the front door's key); give --api-key-file"
+        )
+    key = key_file.read_text().strip() if key_file else ""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    layouts = [LAYOUT.format(n) for n in counts]
+    manifest: dict = {
+        "schema": 1,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "inventory": str(inventory),
+        "layouts": layouts,
+        "mode": "hosts",
+        "profile": asdict(profile),
+        "cluster": cluster | {"counts": counts},
+        "load_generator": "socketwise's closed-loop client on the controller (/v1/completions, "
+        "streamed on vLLM, random token prompts of input_len, ignore_eos)",
+        "load_shape": {"concurrency": "closed loop: that many requests in flight"},
+        "measured_boundary": "HTTP client on the controller to the cluster's front door on its "
+        "head; prefill and decode rates are llama.cpp's own timings of each request, on vLLM "
+        "the streamed answer's first and last token as the client sees them",
+        "warm_up": f"deploy.yml's readiness completion, then {WARMUP_REQUESTS} "
+        "unmeasured requests after every deploy",
+        "hosts": {},
+    }
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[sweep] {time.monotonic() - started:.0f} s: {message}", flush=True)
+
+    def deploy(limit: str, layout: str) -> None:
+        run_playbook("deploy.yml", inventory, {}, run_dir / "artifacts" / layout, limit=limit)
+
+    def endpoint_of(layout: str) -> tuple[str, str, str, int, bool]:
+        deployed = json.loads(
+            (run_dir / "artifacts" / layout / cluster["head"] / "cluster-summary.json").read_text()
+        )
+        entry = manifest["hosts"].setdefault(cluster["head"], {})
+        entry.update(model=deployed["model"], served_model_name=deployed["served_name"],
+                     build=deployed["build"])  # fmt: skip
+        entry.setdefault("layouts", {})[layout] = deployed["plan"]
+        vocab = vocabulary(deployed["endpoint"], key, deployed["model"])
+        return (deployed["endpoint"], key, deployed["served_name"], vocab,
+                deployed["engine"] == "vllm")  # fmt: skip
+
+    summary, series = measure(deploy, endpoint_of, cluster, counts, profile, say)
+    if restore:
+        # Its members alone: the sweep changed no other host (a monitor, a fleet door).
+        say("restoring the whole cluster")
+        deploy(",".join(cluster["members"]), "restored")
+    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write(run_dir, summary, series)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return run_dir

@@ -12,30 +12,27 @@ sweep is meaningful on a 2-core lab host and on a 128-core server.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from socketwise.common import paths
 from socketwise.measure import hostcount
 from socketwise.measure.rundir import (
     BASELINE,
     POWER_COLUMNS,
     SUMMARY_COLUMNS,
-    RunDirError,
     power_rows,
     write_csv,
 )
+from socketwise.measure.runner import SweepError, run_playbook
 
 # The benchmark role's per-step task, whose loop items mark the sweep's progress.
 STEP_TASK = "Run step"
@@ -72,10 +69,6 @@ WARMUP_REQUESTS = 4
 # request's tokens reached the client in one chunk, as they do when vLLM's front end falls
 # behind the engine (or a proxy holds them back), and time per token cannot be read.
 ONE_CHUNK_TPOT_MS = 0.1
-
-
-class SweepError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -128,56 +121,6 @@ class Profile:
                 "input_len": self.input_len, "output_len": self.output_len}  # fmt: skip
 
 
-def _runner(
-    playbook: str,
-    inventory: Path,
-    extravars: dict,
-    artifacts: Path,
-    on_event: Callable[[dict], bool] | None = None,
-    limit: str | None = None,
-) -> None:
-    import ansible_runner
-
-    repo = paths.repo_root()
-    bin_dir = Path(sys.executable).parent
-    with tempfile.TemporaryDirectory(prefix="socketwise-runner-") as private:
-        result = ansible_runner.run(
-            private_data_dir=private,
-            project_dir=str(repo),
-            playbook=str(repo / playbook),
-            inventory=str(inventory.resolve()),
-            extravars=extravars,
-            envvars={
-                "ANSIBLE_CONFIG": str(repo / "ansible.cfg"),
-                "ANSIBLE_ROLES_PATH": str(repo / "roles"),
-                "SOCKETWISE_ARTIFACTS": str(artifacts),
-                "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-            },
-            quiet=True,
-            event_handler=on_event,
-            limit=limit,
-        )
-        if result.rc != 0:
-            failed = "; ".join(failures(result.events))
-            raise SweepError(f"{playbook} failed ({result.status}): {failed}")
-
-
-def failures(events: Iterable[dict]) -> list[str]:
-    """Host, task and why for every failed task or loop item: an item's own stderr (a
-    benchmark step prints its log's tail there), else the message. A loop's summary
-    ("One or more items failed") is left out: its items said more."""
-    found = []
-    for event in events:
-        data = event.get("event_data", {})
-        result = data.get("res", {})
-        item = event.get("event") == "runner_item_on_failed"
-        if item or (event.get("event") == "runner_on_failed" and "results" not in result):
-            why = result.get("stderr") or result.get("msg", "")
-            label = f" {result['_ansible_item_label']}" if "_ansible_item_label" in result else ""
-            found.append(f"{data.get('host')}: {data.get('task')}{label}: {why}")
-    return found
-
-
 def served_hosts(inventory: Path) -> list[str]:
     """The inventory's hosts outside the load-generator group socketwise_loadgen."""
     try:
@@ -218,7 +161,7 @@ def _bench(
     (HOST.load.tar.gz: per-step benchmark results); both unpack into one directory.
     """
     with tempfile.TemporaryDirectory(prefix="socketwise-fetch-") as fetched:
-        _runner(
+        run_playbook(
             "playbooks/bench.yml",
             inventory,
             {
@@ -352,7 +295,7 @@ class Sweep:
             self._say(f"{layout}: {'restarting' if self.deployed == layout else 'deploying'}")
             artifacts = self.run_dir / "artifacts" / layout
             variables = self.layouts[layout] | {"vllm_service_fresh_start": True}
-            _runner("deploy.yml", self.inventory, variables, artifacts, limit=self.limit)
+            run_playbook("deploy.yml", self.inventory, variables, artifacts, limit=self.limit)
             self.deployed = layout
             # A server just started answers its first requests slower: its first step
             # sends some first, left out of its figures.
@@ -497,12 +440,6 @@ def check_tool(tool: str) -> None:
         raise SweepError(f"unknown load generator {tool!r}; choose {' or '.join(TOOLS)}")
 
 
-def positive(flag: str, value: float) -> None:
-    """Refuse a flag's number that is not finite and above 0, naming the flag."""
-    if not (math.isfinite(value) and value > 0):
-        raise SweepError(f"{flag} {value!r}: give a number above 0")
-
-
 def base_manifest(
     inventory: Path, layouts: list[str], mode: str, profile: Profile, tool: str
 ) -> dict:
@@ -570,7 +507,7 @@ def sweep(
         manifest["adaptive"] = run_adaptive(experiment, layouts, rounds)
     if restore:
         print("[sweep] restoring the configured layout", flush=True)
-        _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored")
+        run_playbook("deploy.yml", inventory, {}, run_dir / "artifacts" / "restored")
     finish(run_dir, manifest, experiment.summary, experiment.power)
     return run_dir
 
@@ -583,74 +520,6 @@ def finish(run_dir: Path, manifest: dict, summary: list[dict], power: list[dict]
     if power:
         write_csv(run_dir / "power.csv", POWER_COLUMNS, power)
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-
-
-def sweep_hosts(
-    inventory: Path,
-    counts: list[int],
-    run_dir: Path,
-    profile: Profile,
-    api_key_file: Path | None,
-    restore: bool = True,
-) -> Path:
-    """The inventory's one cluster at each number of hosts (socketwise.measure.hostcount)."""
-    cluster = hostcount.cluster_of(inventory)
-    counts = hostcount.counts_for(cluster, counts)
-    key_file = api_key_file or hostcount.key_file_of(inventory, cluster["head"])
-    if key_file and not key_file.is_file():
-        raise hostcount.HostCountError(
-            f"{key_file}: no such file (the front door's key); give --api-key-file"
-        )
-    key = key_file.read_text().strip() if key_file else ""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    layouts = [hostcount.LAYOUT.format(n) for n in counts]
-    manifest: dict = {
-        "schema": 1,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "inventory": str(inventory),
-        "layouts": layouts,
-        "mode": "hosts",
-        "profile": asdict(profile),
-        "cluster": cluster | {"counts": counts},
-        "load_generator": "socketwise's closed-loop client on the controller (/v1/completions, "
-        "streamed on vLLM, random token prompts of input_len, ignore_eos)",
-        "load_shape": {"concurrency": "closed loop: that many requests in flight"},
-        "measured_boundary": "HTTP client on the controller to the cluster's front door on its "
-        "head; prefill and decode rates are llama.cpp's own timings of each request, on vLLM "
-        "the streamed answer's first and last token as the client sees them",
-        "warm_up": f"deploy.yml's readiness completion, then {hostcount.WARMUP_REQUESTS} "
-        "unmeasured requests after every deploy",
-        "hosts": {},
-    }
-    started = time.monotonic()
-
-    def say(message: str) -> None:
-        print(f"[sweep] {time.monotonic() - started:.0f} s: {message}", flush=True)
-
-    def deploy(limit: str, layout: str) -> None:
-        _runner("deploy.yml", inventory, {}, run_dir / "artifacts" / layout, limit=limit)
-
-    def endpoint_of(layout: str) -> tuple[str, str, str, int, bool]:
-        deployed = json.loads(
-            (run_dir / "artifacts" / layout / cluster["head"] / "cluster-summary.json").read_text()
-        )
-        entry = manifest["hosts"].setdefault(cluster["head"], {})
-        entry.update(model=deployed["model"], served_model_name=deployed["served_name"],
-                     build=deployed["build"])  # fmt: skip
-        entry.setdefault("layouts", {})[layout] = deployed["plan"]
-        vocab = hostcount.vocabulary(deployed["endpoint"], key, deployed["model"])
-        return (deployed["endpoint"], key, deployed["served_name"], vocab,
-                deployed["engine"] == "vllm")  # fmt: skip
-
-    summary, series = hostcount.measure(deploy, endpoint_of, cluster, counts, profile, say)
-    if restore:
-        # Its members alone: the sweep changed no other host (a monitor, a fleet door).
-        say("restoring the whole cluster")
-        deploy(",".join(cluster["members"]), "restored")
-    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    hostcount.write(run_dir, summary, series)
-    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return run_dir
 
 
 def _collect_hosts(run_dir: Path, manifest: dict) -> None:
@@ -685,110 +554,3 @@ def _collect_hosts(run_dir: Path, manifest: dict) -> None:
         entry = manifest["hosts"].setdefault(bandwidth_file.parents[2].name, {})
         entry["bandwidth_per_node_gbps"] = node_gbps
         entry["bandwidth_gbps"] = min(node_gbps.values())
-
-
-def register(
-    subparsers: argparse._SubParsersAction, write_report: Callable[[Path], Iterable[Path]]
-) -> None:
-    """Add `sweep`; `write_report(run_dir)` (the report stage, handed in by the CLI so that
-    measuring never imports what is downstream of it) writes the report at the end."""
-    parser = subparsers.add_parser(
-        "sweep",
-        help="deploy and benchmark each layout, write a run directory and its report",
-        description="Deploy each layout on every host of the inventory, benchmark it, "
-        "collect everything into a run directory, restore the configured layout, report.",
-    )
-    parser.add_argument("-i", "--inventory", type=Path, default=Path("inventories/lab"))
-    parser.add_argument("--layouts", default="sn,dp", help=f"comma list of {', '.join(LAYOUTS)}")
-    parser.add_argument("--run-dir", type=Path, help="default runs/<time>")
-    parser.add_argument("--concurrencies", default="1,4", help="closed-loop points")
-    parser.add_argument("--rate-fractions", default="0.25,0.5,0.75,1.0,1.5")
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--step-seconds", type=float, default=300.0)
-    parser.add_argument("--repetitions", type=int, default=1)
-    parser.add_argument("--no-restore", action="store_true", help="leave the last layout")
-    parser.add_argument(
-        "--mode", default="fixed", help="fixed (calibrated grid) or adaptive (bracket+bisect)"
-    )
-    parser.add_argument("--rounds", type=int, default=2, help="bisection rounds (adaptive)")
-    parser.add_argument(
-        "--tool", default="vllm", help=f"load generator: {' or '.join(TOOLS)} (default vllm)"
-    )
-    parser.add_argument(
-        "--hosts",
-        help="measure the inventory's one cluster at each of these numbers of hosts "
-        "(e.g. 1,2,3: the head and the first workers) instead of layouts",
-    )
-    parser.add_argument(
-        "--api-key-file",
-        type=Path,
-        help="with --hosts: a file with the front door's key (default: the head's "
-        "vllm_service_api_key_file; none: no key)",
-    )
-    parser.set_defaults(func=functools.partial(_run, write_report=write_report))
-
-
-def _numbers(flag: str, text: str, kind: type) -> list:
-    """A comma list of numbers above 0, or a SweepError naming the flag."""
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        kind_name = "whole numbers" if kind is int else "numbers"
-        raise SweepError(f"{flag} {text!r}: give a comma list of {kind_name} above 0")
-    return values
-
-
-def _profile(args: argparse.Namespace) -> Profile:
-    for flag, value in (
-        ("--input-len", args.input_len),
-        ("--output-len", args.output_len),
-        ("--step-seconds", args.step_seconds),
-        ("--repetitions", args.repetitions),
-        ("--rounds", args.rounds),
-    ):
-        positive(flag, value)
-    return Profile(
-        concurrencies=_numbers("--concurrencies", args.concurrencies, int),
-        rate_fractions=_numbers("--rate-fractions", args.rate_fractions, float),
-        input_len=args.input_len,
-        output_len=args.output_len,
-        step_seconds=args.step_seconds,
-        repetitions=args.repetitions,
-    )
-
-
-def _run(args: argparse.Namespace, write_report: Callable[[Path], Iterable[Path]]) -> int:
-    run_dir = args.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        profile = _profile(args)
-        if args.hosts:
-            sweep_hosts(
-                args.inventory, _numbers("--hosts", args.hosts, int), run_dir, profile,
-                args.api_key_file, not args.no_restore,
-            )  # fmt: skip
-        else:
-            sweep(
-                args.inventory, args.layouts.split(","), run_dir, profile,
-                not args.no_restore, args.mode, args.rounds, args.tool,
-            )  # fmt: skip
-    except (SweepError, hostcount.HostCountError) as exc:
-        print(f"socketwise sweep: error: {exc}", file=sys.stderr)
-        return 2
-    return report_at_end("sweep", run_dir, write_report)
-
-
-def report_at_end(
-    command: str, run_dir: Path, write_report: Callable[[Path], Iterable[Path]]
-) -> int:
-    """Name the run directory and what the report stage wrote of it: COMMAND's exit code."""
-    print(f"[{command}] run directory {run_dir}", flush=True)
-    try:
-        for written in write_report(run_dir):
-            print(f"[{command}] wrote {written}", flush=True)
-    except (RunDirError, OSError) as exc:
-        print(f"socketwise {command}: error: the report of {run_dir}: {exc}", file=sys.stderr)
-        return 2
-    return 0
