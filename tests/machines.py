@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from socketwise.facts.topology import CAPTURED_NVIDIA_SMI, NVIDIA_DRIVER_GPUS, format_cpulist
+from socketwise.facts.files import format_cpulist
+from socketwise.facts.gpus import CAPTURED_NVIDIA_SMI, NVIDIA_DRIVER_GPUS
 
 GIB_KB = 1024 * 1024
 

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from socketwise.facts.topology import CAPTURED_NVIDIA_SMI, detect
+from socketwise.facts.gpus import CAPTURED_NVIDIA_SMI
+from socketwise.facts.topology import detect
 from socketwise.plan.nodes import PlanError
 from socketwise.plan.planner import PlanRequest, plan
 from socketwise.serve.unitvalues import NVIDIA_CONTROL_DEVICES, gpu_devices

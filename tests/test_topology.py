@@ -4,20 +4,17 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
 
 from socketwise.facts import topology as topology_module
-from socketwise.facts.topology import (
-    TopologyError,
-    ask_nvidia_smi,
-    detect,
-    detect_here,
-    format_cpulist,
-    parse_cpulist,
-    register,
-)
+from socketwise.facts.files import TopologyError, format_cpulist, parse_cpulist
+from socketwise.facts.gpus import ask_nvidia_smi
+from socketwise.facts.topology import detect, detect_here, register
+
+from .playbooks import BIN, REPO
 
 
 def node(topology: dict, node_id: int) -> dict:
@@ -501,3 +498,25 @@ def test_each_node_reports_the_last_level_cache_its_cpus_share(machine_root):
 
 def test_a_tree_without_cache_directories_reports_the_cache_unknown(machine_root):
     assert {n["llc_kb"] for n in detect(machine_root("vm"))["nodes"]} == {None}
+
+
+def test_the_ansible_module_ships_the_topology_with_its_neighbours_and_reads_the_same(
+    machine_root, tmp_path
+):
+    # As a deploy runs it on a host: Ansible bundles the module's imports from the role's
+    # module_utils (facts.topology and the files it imports), and nothing else of the package.
+    root = machine_root("dgx-h100")
+    done = subprocess.run(
+        [str(BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-m", "socketwise_topology", "-a", f"root={root}", "-o"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "ANSIBLE_LIBRARY": str(REPO / "roles/topology/library"),
+             "ANSIBLE_MODULE_UTILS": str(REPO / "roles/topology/module_utils"),
+             "ANSIBLE_LOCAL_TEMP": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    answer = json.loads(done.stdout.split(" => ", 1)[1])
+    shipped = answer["ansible_facts"]["socketwise_topology"]
+    assert shipped == detect(root)
+    assert [gpu["memory_mb"] for gpu in shipped["gpus"]] == [81559] * 8

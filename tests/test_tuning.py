@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from socketwise.facts.topology import detect, format_cpulist
+from socketwise.facts.files import format_cpulist
+from socketwise.facts.topology import detect
 from socketwise.host import tuning
 from socketwise.host.tuning import Host, Settings, TuningError, decide, restore, tune
 from socketwise.host.tuning.irq import nic_irqs

@@ -4,8 +4,9 @@
 every later step plans from that document instead of probing the host again.
 
 This file is also shipped to target hosts (as part of the role's module_utils package
-`ansible.module_utils.socketwise`), so it imports nothing outside the standard library,
-not even other socketwise modules (an import contract checks it).
+`ansible.module_utils.socketwise`), so it imports nothing outside the standard library
+but its neighbours `files` (reading sysfs and procfs, CPU lists) and `gpus` (the GPUs),
+by relative imports, which Ansible ships with it (an import contract checks it).
 The `from __future__` import keeps the annotations below from being evaluated, so
 targets whose system Python predates 3.10 can still import it.
 """
@@ -15,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 import sys
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypedDict, TypeVar
+from typing import TypedDict
+
+from .files import TopologyError, numa_node, parse, parse_cpulist, parse_optional
+from .gpus import NVIDIA_DRIVER_GPUS, Gpu, ask_nvidia_smi, captured_nvidia_smi, read_gpus
 
 SCHEMA_VERSION = 1
 
@@ -34,36 +35,9 @@ ISA_FLAGS = (
     "amx_tile",
 )
 
-# NVIDIA's driver's own description of each GPU (its device minor), by PCI address.
-NVIDIA_DRIVER_GPUS = "driver/nvidia/gpus"
-
-# PCI vendor ids of the GPU makers vLLM can drive, as sysfs spells them.
-GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
-
 # Domains can be wider than four digits (Intel VMD puts devices in 10000:...).
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-_CPULIST_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _MEM_TOTAL = re.compile(r"^(?:Node \d+ )?MemTotal:\s*(\d+) kB\s*$", re.MULTILINE)
-# The paths between two GPUs that `nvidia-smi topo -m` names (its legend).
-_LINK_KIND = re.compile(r"NV\d+|PIX|PXB|PHB|NODE|SYS")
-
-# What nvidia-smi tells about NVIDIA GPUs that sysfs does not (name, memory, links). A live
-# host's answers come from running it; a captured tree keeps them, as these commands
-# printed them, under CAPTURED_NVIDIA_SMI below its root.
-NVIDIA_SMI_QUERY = (
-    "nvidia-smi",
-    "--query-gpu=pci.bus_id,name,memory.total",
-    "--format=csv,noheader,nounits",
-)
-NVIDIA_SMI_TOPO = ("nvidia-smi", "topo", "-m")
-CAPTURED_NVIDIA_SMI = {
-    "query": "socketwise/nvidia-smi-query.csv",
-    "topo": "socketwise/nvidia-smi-topo.txt",
-}
-
-
-class TopologyError(ValueError):
-    """A file that detection needs is missing or cannot be parsed; the message names it."""
 
 
 class CpuInfo(TypedDict):
@@ -97,20 +71,6 @@ class Node(TypedDict):
     llc_kb: int | None
 
 
-class Gpu(TypedDict):
-    pci: str
-    vendor: str
-    numa_node: int | None
-    local_cpus: list[int] | None
-    memory_mb: int | None
-    name: str | None
-    # Each other GPU's PCI address -> the path to it (`nvidia-smi topo -m`'s NV#, PIX, PXB,
-    # PHB, NODE, SYS); None where nvidia-smi did not say.
-    links: dict[str, str | None] | None
-    # NVIDIA's device minor (/dev/nvidiaN), from /proc/driver/nvidia/gpus/PCI/information.
-    minor: int | None
-
-
 class Nic(TypedDict):
     name: str
     pci: str | None
@@ -137,37 +97,6 @@ class Topology(TypedDict):
     kernel: Kernel
 
 
-T = TypeVar("T")
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """Parse the kernel's cpulist format: "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11].
-
-    An empty list (as in a memory-only node's cpulist) is an empty string.
-    Raises TopologyError (a ValueError) on anything else.
-    """
-    cpus: set[int] = set()
-    stripped = text.strip()
-    for part in stripped.split(",") if stripped else ():
-        match = _CPULIST_RANGE.fullmatch(part.strip())
-        if match is None or (match[2] is not None and int(match[2]) < int(match[1])):
-            raise TopologyError(f"bad cpulist {stripped!r}: cannot read {part!r}")
-        first = int(match[1])
-        cpus.update(range(first, int(match[2] or first) + 1))
-    return sorted(cpus)
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """Format CPUs the way the kernel does: [0, 1, 2, 5] -> "0-2,5"."""
-    runs: list[list[int]] = []
-    for cpu in sorted(set(cpus)):
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
-
-
 def detect(root: str | Path = "/", nvidia_smi: dict[str, str] | None = None) -> Topology:
     """Read `root`/sys and `root`/proc and return the schema-1 topology document.
 
@@ -180,18 +109,18 @@ def detect(root: str | Path = "/", nvidia_smi: dict[str, str] | None = None) -> 
     """
     sys_dir = Path(root) / "sys"
     proc_dir = Path(root) / "proc"
-    cpu, isa = _parse(proc_dir / "cpuinfo", _parse_cpuinfo)
+    cpu, isa = parse(proc_dir / "cpuinfo", _parse_cpuinfo)
     cpu_dir = sys_dir / "devices/system/cpu"
-    online = _parse(cpu_dir / "online", parse_cpulist)
+    online = parse(cpu_dir / "online", parse_cpulist)
     package, core_of = _read_cpus(cpu_dir, online)
-    memory_mb = _parse(proc_dir / "meminfo", _parse_mem_total_mb)
+    memory_mb = parse(proc_dir / "meminfo", _parse_mem_total_mb)
     nodes = _read_nodes(sys_dir, online, package, core_of, memory_mb)
     caches = _read_last_level_caches(cpu_dir, online)
     for node in nodes:
         reached = [kb for cpus, kb in caches.items() if cpus & set(node["cpus"])]
         node["llc_kb"] = sum(reached) if reached else None
     if nvidia_smi is None:
-        nvidia_smi = _captured_nvidia_smi(Path(root))
+        nvidia_smi = captured_nvidia_smi(Path(root))
     return {
         "schema": SCHEMA_VERSION,
         "cpu": cpu,
@@ -200,7 +129,7 @@ def detect(root: str | Path = "/", nvidia_smi: dict[str, str] | None = None) -> 
         "memory_mb": memory_mb,
         "sockets": _sockets(nodes, package, core_of),
         "nodes": nodes,
-        "gpus": _read_gpus(
+        "gpus": read_gpus(
             sys_dir / "bus/pci/devices", online, nodes, nvidia_smi, proc_dir / NVIDIA_DRIVER_GPUS
         ),
         "nics": _read_nics(sys_dir / "class/net"),
@@ -224,22 +153,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=_run)
 
 
-def ask_nvidia_smi() -> dict[str, str] | None:
-    """What NVIDIA_SMI_QUERY and NVIDIA_SMI_TOPO print on this host, or None where
-    nvidia-smi is not installed or cannot answer (no driver loaded): detect() then leaves
-    the NVIDIA figures null."""
-    if shutil.which(NVIDIA_SMI_QUERY[0]) is None:
-        return None
-    answers = {}
-    for name, command in (("query", NVIDIA_SMI_QUERY), ("topo", NVIDIA_SMI_TOPO)):
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        answers[name] = done.stdout
-    return answers
-
-
 def detect_here(root: str | Path = "/") -> Topology:
     """detect(), with nvidia-smi asked on the live host (root "/"): what the CLI and the
     Ansible module both return."""
@@ -254,34 +167,6 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(topology, indent=2))
     return 0
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as err:
-        raise TopologyError(f"cannot read {path}: {err.strerror or err}") from err
-
-
-def _parse(path: Path, parse: Callable[[str], T]) -> T:
-    text = _read(path)
-    try:
-        return parse(text)
-    except ValueError as err:
-        raise TopologyError(f"cannot parse {path}: {err}") from err
-
-
-def _parse_optional(path: Path, parse: Callable[[str], T]) -> T | None:
-    # Knobs come and go with kernel config and container sandboxes; absent or
-    # unreadable means "this host does not have it", which the document reports as null.
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    try:
-        return parse(text)
-    except ValueError as err:
-        raise TopologyError(f"cannot parse {path}: {err}") from err
 
 
 def _parse_cpuinfo(text: str) -> tuple[CpuInfo, dict[str, bool]]:
@@ -339,10 +224,10 @@ def _read_cpus(
     core_of: dict[int, tuple[int, ...]] = {}
     for cpu in online:
         topology_dir = cpu_dir / f"cpu{cpu}/topology"
-        package[cpu] = _parse(topology_dir / "physical_package_id", int)
+        package[cpu] = parse(topology_dir / "physical_package_id", int)
         # core_id repeats across sockets and dies, so a core is identified by its
         # sibling set instead; offline siblings are not part of the usable core.
-        siblings = _parse(topology_dir / "thread_siblings_list", parse_cpulist)
+        siblings = parse(topology_dir / "thread_siblings_list", parse_cpulist)
         core_of[cpu] = tuple(sorted(online_set.intersection(siblings) | {cpu}))
     return package, core_of
 
@@ -390,15 +275,15 @@ def _read_nodes(
         if match is None:
             continue
         # Some architectures keep offline CPUs in the node's cpulist.
-        cpus = sorted(online_set.intersection(_parse(node_dir / "cpulist", parse_cpulist)))
+        cpus = sorted(online_set.intersection(parse(node_dir / "cpulist", parse_cpulist)))
         nodes.append(
             _node(
                 int(match[1]),
                 cpus,
                 package,
                 core_of,
-                _parse(node_dir / "meminfo", _parse_mem_total_mb),
-                _parse(node_dir / "distance", _parse_distances),
+                parse(node_dir / "meminfo", _parse_mem_total_mb),
+                parse(node_dir / "distance", _parse_distances),
                 _read_hugepages(node_dir / "hugepages"),
             )
         )
@@ -438,8 +323,8 @@ def _read_hugepages(pools_dir: Path) -> dict[str, HugePages]:
     sizes = {pool.name.removeprefix("hugepages-"): pool for pool in pools_dir.glob("hugepages-*")}
     return {
         size: {
-            "total": _parse(sizes[size] / "nr_hugepages", int),
-            "free": _parse(sizes[size] / "free_hugepages", int),
+            "total": parse(sizes[size] / "nr_hugepages", int),
+            "free": parse(sizes[size] / "free_hugepages", int),
         }
         # Pools are named "<n>kB"; shorter names are smaller pages.
         for size in sorted(sizes, key=lambda size: (len(size), size))
@@ -460,130 +345,6 @@ def _sockets(
         {"id": socket, "nodes": sorted(nodes_of.get(socket, ())), "cores": len(cores[socket])}
         for socket in sorted(cores)
     ]
-
-
-def _numa_node(device_dir: Path) -> int | None:
-    # -1 means the firmware did not say which node the device hangs off.
-    node = _parse_optional(device_dir / "numa_node", int)
-    return None if node is None or node < 0 else node
-
-
-def _read_gpus(
-    pci_dir: Path,
-    online: list[int],
-    nodes: list[Node],
-    nvidia_smi: dict[str, str] | None,
-    driver_dir: Path,
-) -> list[Gpu]:
-    """GPUs: display controllers (class 0x03xxxx) from NVIDIA, AMD and Intel, plus
-    NVIDIA and AMD processing accelerators (0x1200xx: AMD Instinct MI300 reports
-    itself that way; Intel's 0x1200 devices are client NPUs, not GPUs)."""
-    if not pci_dir.is_dir():
-        return []
-    told = _nvidia_figures(nvidia_smi)
-    gpus: list[Gpu] = []
-    for device in sorted(pci_dir.iterdir()):
-        vendor = GPU_VENDORS.get(_read(device / "vendor").strip())
-        if vendor is None:
-            continue
-        pci_class = _parse(device / "class", lambda text: int(text, 16))
-        accelerator = pci_class >> 8 == 0x1200 and vendor != "intel"
-        if pci_class >> 16 != 0x03 and not accelerator:
-            continue
-        local = _parse_optional(device / "local_cpulist", parse_cpulist)
-        local_cpus = None if local is None else sorted(set(local).intersection(online))
-        # amdgpu's own files; NVIDIA's driver has none, nvidia-smi says instead.
-        vram = _parse_optional(device / "mem_info_vram_total", int)
-        product = _parse_optional(device / "product_name", str.strip)
-        figures = told.get(device.name, {})
-        node = _numa_node(device)
-        gpus.append(
-            {
-                "pci": device.name,
-                "vendor": vendor,
-                "numa_node": _node_holding(local_cpus, nodes) if node is None else node,
-                "local_cpus": local_cpus,
-                "memory_mb": figures.get("memory_mb", vram // 2**20 if vram else None),
-                "name": figures.get("name", product or None),
-                "links": figures.get("links"),
-                "minor": _nvidia_minor(driver_dir / device.name) if vendor == "nvidia" else None,
-            }
-        )
-    return gpus
-
-
-def _nvidia_minor(device_dir: Path) -> int | None:
-    """The GPU's device minor (its node is /dev/nvidiaN) from NVIDIA's driver, or None
-    where the driver is not loaded or says none."""
-    text = _parse_optional(device_dir / "information", str)
-    found = re.search(r"^Device Minor:\s*(\d+)\s*$", text or "", re.MULTILINE)
-    return int(found[1]) if found else None
-
-
-def _node_holding(cpus: list[int] | None, nodes: list[Node]) -> int | None:
-    """The one node whose CPUs include all of `cpus` (a device's local CPUs, where the
-    firmware gave no node), or None: no CPUs, or CPUs of several nodes."""
-    holding = [node["id"] for node in nodes if cpus and set(cpus) <= set(node["cpus"])]
-    return holding[0] if len(holding) == 1 else None
-
-
-def _captured_nvidia_smi(root: Path) -> dict[str, str] | None:
-    captured = {name: root / path for name, path in CAPTURED_NVIDIA_SMI.items()}
-    if not captured["query"].exists():
-        return None
-    return {name: _read(path) for name, path in captured.items() if path.exists()}
-
-
-def _sysfs_address(bus_id: str) -> str:
-    """nvidia-smi's "00000000:CA:00.0" as sysfs spells it: "0000:ca:00.0"."""
-    domain, _, rest = bus_id.strip().lower().partition(":")
-    if not rest:
-        raise ValueError(f"PCI bus id {bus_id.strip()!r} has no domain")
-    return f"{int(domain, 16):04x}:{rest}"
-
-
-def _nvidia_figures(answers: dict[str, str] | None) -> dict[str, dict]:
-    """PCI address -> name, memory_mb and links, from nvidia-smi's answers (CSV rows of
-    NVIDIA_SMI_QUERY, in nvidia-smi's own order, which `topo -m` numbers GPU0, GPU1...)."""
-    if not answers:
-        return {}
-    figures: dict[str, dict] = {}
-    order: list[str] = []
-    for row in answers.get("query", "").splitlines():
-        if not row.strip():
-            continue
-        fields = [field.strip() for field in row.split(",")]
-        if len(fields) < 3:
-            raise TopologyError(f"nvidia-smi's answer {row!r}: not pci.bus_id, name, memory.total")
-        try:
-            address = _sysfs_address(fields[0])
-            memory = int(fields[-1]) if fields[-1].isdigit() else None
-        except ValueError as err:
-            raise TopologyError(f"nvidia-smi's answer {row!r}: {err}") from err
-        order.append(address)
-        figures[address] = {"name": ",".join(fields[1:-1]) or None, "memory_mb": memory}
-    for address, links in _nvidia_links(answers.get("topo", ""), order).items():
-        figures[address]["links"] = links
-    return figures
-
-
-def _nvidia_links(matrix: str, order: list[str]) -> dict[str, dict[str, str | None]]:
-    """`nvidia-smi topo -m`'s GPU rows: each GPU's path to every other one, by address."""
-    links: dict[str, dict[str, str | None]] = {}
-    for line in matrix.splitlines():
-        match = re.match(r"GPU(\d+)\s", line)
-        if match is None or int(match[1]) >= len(order):
-            continue
-        # The row's first columns are the GPUs, in the header's order; NIC and affinity
-        # columns follow.
-        cells = line.split()[1 : len(order) + 1]
-        row = order[int(match[1])]
-        links[row] = {
-            peer: cell if _LINK_KIND.fullmatch(cell) else None
-            for peer, cell in zip(order, cells, strict=False)
-            if peer != row
-        }
-    return links
 
 
 def _read_nics(net_dir: Path) -> list[Nic]:
@@ -608,7 +369,7 @@ def _read_nics(net_dir: Path) -> list[Nic]:
             {
                 "name": interface.name,
                 "pci": function.name if function else None,
-                "numa_node": _numa_node(function) if function else None,
+                "numa_node": numa_node(function) if function else None,
             }
         )
     return nics
@@ -617,9 +378,9 @@ def _read_nics(net_dir: Path) -> list[Nic]:
 def _read_kernel(sys_dir: Path, proc_dir: Path) -> Kernel:
     thp_dir = sys_dir / "kernel/mm/transparent_hugepage"
     return {
-        "numa_balancing": _parse_optional(proc_dir / "sys/kernel/numa_balancing", int),
-        "thp": _parse_optional(thp_dir / "enabled", _parse_bracketed),
-        "thp_defrag": _parse_optional(thp_dir / "defrag", _parse_bracketed),
+        "numa_balancing": parse_optional(proc_dir / "sys/kernel/numa_balancing", int),
+        "thp": parse_optional(thp_dir / "enabled", _parse_bracketed),
+        "thp_defrag": parse_optional(thp_dir / "defrag", _parse_bracketed),
         "irqbalance_active": _irqbalance_active(proc_dir),
     }
 
@@ -629,10 +390,10 @@ def _irqbalance_active(proc_dir: Path) -> bool | None:
     # process table here (hidepid=, a bare tree) and the answer is unknowable.
     # Inside a container's PID namespace only the container's processes show up,
     # so the answer there speaks for the container, not the host.
-    if _parse_optional(proc_dir / "1/comm", str) is None:
+    if parse_optional(proc_dir / "1/comm", str) is None:
         return None
     for entry in proc_dir.iterdir():
         # A process may exit between listing and reading; that is not an error.
-        if entry.name.isdigit() and _parse_optional(entry / "comm", str.strip) == "irqbalance":
+        if entry.name.isdigit() and parse_optional(entry / "comm", str.strip) == "irqbalance":
             return True
     return False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..facts.topology import format_cpulist
+from ..facts.files import format_cpulist
 
 
 def shape(plan: dict) -> dict:

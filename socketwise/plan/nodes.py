@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..facts.topology import format_cpulist  # relative: shipped to hosts with host.tuning
+from ..facts.files import format_cpulist  # relative: shipped to hosts with host.tuning
 
 
 class PlanError(ValueError):

@@ -34,7 +34,7 @@ ENGINE_PREFIX = "VLLM::EngineCor"
 
 def cpu_list(text: str) -> set[int]:
     """'0,2-3' as {0, 2, 3}: the plan's lists as the unit passes them. Not
-    socketwise.facts.topology.parse_cpulist: this file runs on the host alone, shipped
+    socketwise.facts.files.parse_cpulist: this file runs on the host alone, shipped
     without the package."""
     cpus: set[int] = set()
     for part in text.split(","):

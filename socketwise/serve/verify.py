@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..facts.topology import parse_cpulist
+from ..facts.files import parse_cpulist
 from .frontend import ENGINE_PREFIX, WORKER_PREFIX, tree
 
 # vLLM's x86 kernel libraries: it loads one at run time, by what the CPU can do.

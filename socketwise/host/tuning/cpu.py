@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...facts.topology import format_cpulist, parse_cpulist
+from ...facts.files import format_cpulist, parse_cpulist
 from .base import Host, Kind, Knob, Unavailable
 
 

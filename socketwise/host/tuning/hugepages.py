@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ...plan.planner import os_reserve_gb
+from ...plan.nodes import os_reserve_gb
 from .base import GIB_KB, REBOOT_REQUIRED, SHORT, FileKind, Host, Knob, TuningError, Unavailable
 
 # What host_tuning_hugepages_size accepts, as the kernel names the pools.

@@ -7,7 +7,7 @@ import errno
 import re
 from typing import Any
 
-from ...facts.topology import format_cpulist, parse_cpulist
+from ...facts.files import format_cpulist, parse_cpulist
 from .base import PARTIAL, Host, Kind, Knob, KnobError, TuningError, Unavailable
 
 IRQBALANCE_MODES = ("ban", "stop")
