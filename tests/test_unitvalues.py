@@ -16,11 +16,10 @@ from ansible.plugins.filter.core import comment
 from socketwise.common.typed import declared_types, typed
 from socketwise.plan.planner import PlanRequest, plan
 from socketwise.serve.limits import instance_limits
+from socketwise.serve.tlsvalues import certificate_sha256, fleet_ca_errors
 from socketwise.serve.unitvalues import (
     OWNED_FLAGS,
     account_error,
-    certificate_sha256,
-    fleet_ca_errors,
     listener_clashes,
     quote,
     secret_errors,

@@ -1,4 +1,4 @@
-"""Ansible door into socketwise.serve.unitvalues and socketwise.serve.limits: the filters
+"""Ansible door into socketwise.serve.unitvalues, tlsvalues and limits: the filters
 `systemd_quote` and `socketwise_unit_value_errors`, `socketwise_secret_errors`,
 `socketwise_address_errors`, `socketwise_account_error`, `socketwise_number_errors`,
 `socketwise_listener_clashes`, `socketwise_tls_error`, `socketwise_fleet_ca_errors`,
@@ -15,17 +15,15 @@ from pathlib import Path
 try:
     from socketwise.serve import limits
     from socketwise.serve.doorcerts import names_error
+    from socketwise.serve.tlsvalues import certificate_sha256, fleet_ca_errors, tls_error
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
-        certificate_sha256,
-        fleet_ca_errors,
         gpu_devices,
         listener_clashes,
         number_errors,
         quote,
         secret_errors,
-        tls_error,
         unit_value_errors,
     )
 except ImportError:
@@ -34,17 +32,15 @@ except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from socketwise.serve import limits
     from socketwise.serve.doorcerts import names_error
+    from socketwise.serve.tlsvalues import certificate_sha256, fleet_ca_errors, tls_error
     from socketwise.serve.unitvalues import (
         account_error,
         address_errors,
-        certificate_sha256,
-        fleet_ca_errors,
         gpu_devices,
         listener_clashes,
         number_errors,
         quote,
         secret_errors,
-        tls_error,
         unit_value_errors,
     )
 
