@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from socketwise.facts import topology
-from socketwise.lab import machines
+from socketwise.lab import command as lab_command
 from socketwise.measure import calibrate, status, sweepcli
 from socketwise.plan import command as plan_command
 from socketwise.report import render
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     topology.register(subparsers)
     plan_command.register(subparsers)
-    machines.register(subparsers)
+    lab_command.register(subparsers)
     sweepcli.register(subparsers, write_report=render.write)
     calibrate.register(subparsers, write_report=render.write)
     render.register(subparsers)

@@ -26,3 +26,17 @@ def test_linter_is_clean(command):
         [str(BIN / command[0]), *command[1:]], cwd=REPO, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+# A module past this many lines holds more than one job: split it along them
+# (docs/development/architecture.md).
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_the_package_is_longer_than_one_job():
+    long = {
+        str(path.relative_to(REPO)): lines
+        for path in sorted((REPO / "socketwise").rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"over {MAX_MODULE_LINES} lines: {long}"
