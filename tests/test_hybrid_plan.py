@@ -99,7 +99,7 @@ def test_the_experts_bind_to_the_gpus_node_only_while_it_holds_them(
         (
             {"model_gb": 142, "expert_gb": 133, "layers": 94, "kv_gb": 0},
             "kv_gb",
-            "KV cache 0 GB must be at least 1",
+            "KV cache 0 GB must be a whole number of GB, at least 1",
         ),
         (
             {"model_gb": 142, "expert_gb": 133, "layers": 94, "ranks": 2},
@@ -239,3 +239,27 @@ def test_the_experts_share_is_read_from_a_gguf(tmp_path, machine_root):
     request = json.loads(done.stdout)["request"]
     assert (request["layers"], request["dense_layers"]) == (4, 1)
     assert request["model_gb"] == described["gb"]
+
+
+# One rule for the KV cache asked for, whatever serves: the same request on the CPUs, the
+# GPUs and a hybrid plan of one host.
+ON_EVERY_DEVICE = {
+    "cpu": {"layout": "sn", "model_gb": 8},
+    "gpu": {"layout": "sn", "device": "gpu", "model_gb": 8},
+    "hybrid": {"layout": "hybrid", "model_gb": 142, "expert_gb": 133, "layers": 94},
+}
+
+
+@pytest.mark.parametrize("device", ON_EVERY_DEVICE)
+def test_a_kv_cache_asked_for_is_refused_and_granted_alike_on_every_device(machine_root, device):
+    topology = detect(machine_root("hybrid-9554"))
+    request = ON_EVERY_DEVICE[device]
+    for asked in (0, 2.5):
+        with pytest.raises(PlanError) as refused:
+            plan(topology, PlanRequest(**request, kv_gb=asked))  # type: ignore[arg-type]
+        assert (refused.value.field, str(refused.value)) == (
+            "kv_gb",
+            f"KV cache {asked:g} GB must be a whole number of GB, at least 1",
+        )
+    (instance,) = plan(topology, PlanRequest(**request, kv_gb=3))["instances"]
+    assert instance["kvcache_gb"] == 3

@@ -32,7 +32,6 @@ the host's GPUs are read in `devices`, the request and plan shape are `shape`'s.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 
 from .devices import (
@@ -46,7 +45,14 @@ from .devices import (
 )
 from .hybrid import fits, plan_hybrid
 from .nodes import Node, PlanError, reserve_for
-from .shape import MIN_KV_GB, PlanRequest, finish_plan, node_use, refuse_ranks_with_auto
+from .shape import (
+    MIN_KV_GB,
+    PlanRequest,
+    finish_plan,
+    kv_cache_gb,
+    node_use,
+    refuse_ranks_with_auto,
+)
 
 # vLLM's get_batch_defaults: the API server's max_num_seqs by the GPU's memory and name.
 LARGE_GPU_GIB = 70
@@ -217,16 +223,8 @@ def _max_seqs(gpu: Gpu) -> int:
 
 def _kv(group: tuple[Gpu, ...], request: PlanRequest) -> int:
     room = _room(min(gpu.gb for gpu in group), request.model_gb, len(group))
-    if request.kv_gb is None:
-        return math.floor(room)
-    if not MIN_KV_GB <= request.kv_gb <= room:
-        raise PlanError(
-            "kv_gb",
-            f"KV cache {request.kv_gb:g} GB per GPU is not within {MIN_KV_GB}-"
-            f"{math.floor(room)} GB (what vLLM's share of the GPU leaves after the weights)",
-            [f"kv {math.floor(room)} GB"],
-        )
-    return request.kv_gb
+    leaves = "vLLM's share of the GPU leaves after the weights"
+    return kv_cache_gb(request.kv_gb, room, room, "GPU", leaves)
 
 
 def plan_gpus(

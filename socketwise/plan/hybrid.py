@@ -24,7 +24,7 @@ import math
 
 from .devices import GPU_MEMORY_UTILIZATION, KV_FLOOR, Gpu, finish_instances, indices, minors
 from .nodes import Node, PlanError, os_reserve_gb, reserve_for
-from .shape import MIN_KV_GB, PlanRequest, finish_plan, node_use
+from .shape import PlanRequest, finish_plan, kv_cache_gb, node_use
 
 MARGIN = 0.1
 # llama-server's slots (--parallel): requests it decodes at once, as a cluster head's.
@@ -53,11 +53,9 @@ def _sizes(request: PlanRequest) -> tuple[float, float, int]:
 
 def _gpu_keeps(gpu: Gpu, request: PlanRequest, dense: float, per_layer: float, count: int):
     """(KV GB, layers whose experts the GPU also holds)."""
-    kv = request.kv_gb
-    if kv is None:
-        kv = max(MIN_KV_GB, math.floor(KV_FLOOR * gpu.gb))
-    elif kv < MIN_KV_GB:
-        raise PlanError("kv_gb", f"KV cache {kv:g} GB must be at least {MIN_KV_GB}")
+    # Any KV cache the GPU holds at all: whether it fits beside the dense weights is the
+    # next check, in the model's terms.
+    kv = kv_cache_gb(request.kv_gb, math.inf, KV_FLOOR * gpu.gb, "GPU", "")
     free = GPU_MEMORY_UTILIZATION * gpu.gb - dense - kv
     if free < 0:
         raise PlanError(

@@ -46,6 +46,7 @@ from .shape import (
     PlanRequest,
     finish_plan,
     instance_port,
+    kv_cache_gb,
     node_use,
     refuse_ranks_with_auto,
     threads_bind,
@@ -135,20 +136,9 @@ def _kv_for(placed: list[dict], weights_per_rank: float, request: PlanRequest) -
             f"model of {request.model_gb:g} GB leaves {room:.1f} GB per rank for the KV cache "
             f"(needs at least {MIN_KV_GB})",
         )
-    if request.kv_gb is None:
-        return max(MIN_KV_GB, math.floor(KV_FRACTION * room))
-    if request.kv_gb > room:
-        raise PlanError(
-            "kv_gb",
-            f"KV cache {request.kv_gb:g} GB per rank exceeds the {room:.1f} GB its node has "
-            f"after weights and OS reserve",
-            [f"kv {math.floor(room)} GB"],
-        )
-    if request.kv_gb < MIN_KV_GB or not float(request.kv_gb).is_integer():
-        raise PlanError(
-            "kv_gb", f"KV cache {request.kv_gb:g} GB must be a whole number of GB, at least 1"
-        )
-    return int(request.kv_gb)
+    return kv_cache_gb(
+        request.kv_gb, room, KV_FRACTION * room, "rank", "its node has after weights and OS reserve"
+    )
 
 
 def _instance(name: str, port: int, placed: list[dict], tp: int, dp: int, kv: int) -> dict:

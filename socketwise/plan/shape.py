@@ -8,6 +8,7 @@ other's internals.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .hwclass import hardware_class
@@ -75,6 +76,26 @@ def instance_port(port: int, position: int) -> int:
     """The port of the instance at POSITION (0 for the first) behind a front door on PORT:
     the ports after the door's, on the host's private address."""
     return port + 1 + position
+
+
+def kv_cache_gb(asked: float | None, room: float, default: float, per: str, room_is: str) -> int:
+    """The KV cache (GiB) of each PER (a rank, a GPU) on any device, decided here alone: ASKED
+    (the request's kv_gb), a whole number from MIN_KV_GB up to ROOM (what the device leaves
+    it: ROOM_IS says what), else DEFAULT (the device's rule: three quarters of a CPU node's
+    room, all of a GPU's, a tenth of a hybrid plan's GPU), at least MIN_KV_GB."""
+    if asked is None:
+        return max(MIN_KV_GB, math.floor(default))
+    if asked < MIN_KV_GB or not float(asked).is_integer():
+        raise PlanError(
+            "kv_gb", f"KV cache {asked:g} GB must be a whole number of GB, at least {MIN_KV_GB}"
+        )
+    if asked > room:
+        raise PlanError(
+            "kv_gb",
+            f"KV cache {asked:g} GB per {per} exceeds the {room:.1f} GB {room_is}",
+            [f"kv {math.floor(room)} GB"],
+        )
+    return int(asked)
 
 
 def threads_bind(ranks: list[dict]) -> str:
