@@ -208,3 +208,19 @@ def test_a_readme_link_that_leads_nowhere_in_the_repository_is_reported():
         "README.md: the link docs/guides/gone.md#x leads nowhere in the repository",
         "README.md: the link guides/deploy.md leads nowhere in the repository",
     ]
+
+
+def test_every_key_deploy_summary_json_records_is_in_the_deploy_guide():
+    tasks = yaml.safe_load((REPO / "roles/vllm_service/tasks/verify.yml").read_text())
+    (written,) = [t for t in tasks if t["name"] == "Write deploy-summary.json on the controller"]
+    guide = (REPO / "docs/guides/deploy.md").read_text()
+    section = guide.split("## deploy-summary.json", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z0-9_]+)`", section))
+    summary = written["vars"]["__vllm_service_summary"]
+    missing = sorted(set(summary) - named) + sorted(
+        f"{key}.{inner}"
+        for key in ("front_door", "versions", "build")
+        for inner in summary[key]
+        if inner not in named
+    )
+    assert missing == [], f"deploy-summary.json keys the deploy guide does not name: {missing}"
