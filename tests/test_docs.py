@@ -83,9 +83,15 @@ def test_every_role_variable_is_in_the_variables_reference():
         assert role in roles, f"{role} has no section"
         for entry_point, spec in yaml.safe_load(spec_file.read_text())["argument_specs"].items():
             assert f"### {role}: {entry_point}" in page
-            for name in spec.get("options") or {}:
+            for name, option in (spec.get("options") or {}).items():
                 # The anchor other pages link to: reference/variables.md#NAME.
-                assert f'<a id="{name}"></a>`{name}`' in roles[role], f"{role}: {name}"
+                row = f'| <a id="{name}"></a>`{name}` | '
+                assert row in roles[role], f"{role}: {name}"
+                # Its Required cell says whether a play may leave it out.
+                # (after its type and its default, whose code may hold a `|`).
+                cells = re.match(r"[^|]+ \| (`[^`]*`)? \| (\w*) \|", roles[role].split(row, 1)[1])
+                assert cells, f"{role}: {name}"
+                assert cells[2] == ("yes" if option.get("required") else "no"), f"{role}: {name}"
 
 
 def _commands(parser, words):

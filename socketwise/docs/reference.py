@@ -215,7 +215,7 @@ def _variable_row(name: str, option: dict) -> str:
     description = "<br>".join(_ansible_markup(p) for p in _as_list(option.get("description")))
     if option.get("no_log"):
         description += " *A secret: never logged.*"
-    required = "yes" if option.get("required") else ""
+    required = "yes" if option.get("required") else "no"
     cells = [f'<a id="{name}"></a>`{name}`', kind, default, required, choices, description]
     return "| " + " | ".join(cells) + " |"
 
