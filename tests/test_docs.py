@@ -201,6 +201,18 @@ def test_the_readme_links_become_the_sites():
     assert with_repo == "[play](https://git.example/sw/blob/HEAD/playbooks/deploy.yml#L3)"
 
 
+def test_the_home_page_keeps_the_readmes_nested_lists_and_names_pages_by_their_titles():
+    import markdown  # mkdocs's own Markdown
+
+    html = markdown.markdown(reference.home_page(REPO), extensions=["tables", "toc"])
+    # Each section of the README's table of contents is a list of its own pages.
+    guides = html.split("<li>Guides", 1)[1].split("</ul>", 1)[0]
+    assert "<ul>" in guides and '<a href="guides/deploy.md">Deploying</a>' in guides
+    # A link the README writes as its own path reads as the page's title on the site.
+    assert '<a href="getting-started/lab.md">The lab</a>' in html
+    assert ">docs/getting-started/lab.md<" not in html
+
+
 def test_a_readme_link_that_leads_nowhere_in_the_repository_is_reported():
     with tempfile.TemporaryDirectory() as scratch:
         repo = Path(scratch)
