@@ -14,7 +14,7 @@ from socketwise.common import paths
 
 
 class SweepError(RuntimeError):
-    pass
+    """Why a measuring command (sweep, calibrate) stopped: one line for the user."""
 
 
 def run_playbook(

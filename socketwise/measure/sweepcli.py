@@ -1,6 +1,6 @@
 """`socketwise sweep`'s command line, and what the measuring commands (`sweep`,
-`calibrate`) share there: lists of numbers and numbers above 0 checked per flag, the load
-generator's name, the report written at the end."""
+`calibrate`) share there: lists of numbers and numbers above 0 checked per flag, the
+report written at the end."""
 
 from __future__ import annotations
 
