@@ -17,6 +17,9 @@ shows against the number of hosts. The load is stdlib HTTP /v1/completions
 (streamed on vLLM) with random token prompts of the profile's length and `ignore_eos`,
 so every request generates exactly the profile's output length: TTFT is the request's
 time less its generation time.
+
+It also reads the inventory for every measuring command (`read_inventory`: what Ansible
+lists, once while its files stay unchanged).
 """
 
 from __future__ import annotations
