@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from socketwise.measure import hostcount, rundir
+from socketwise.measure import hostcount, rundir, runner
 from socketwise.report.analysis import analyse
 from socketwise.report.render import write
 
@@ -165,21 +165,21 @@ def test_a_command_reads_an_unchanged_inventory_once_and_each_part_gets_its_own_
         return run(argv, *args, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", counted)
-    first = hostcount.read_inventory(inventory)
+    first = runner.read_inventory(inventory)
     first["all"]["children"].append("changed by its reader")
     # Asked again by another part of the command, by a path that names the same file.
-    again = hostcount.read_inventory(tmp_path / "." / "hosts.yml")
+    again = runner.read_inventory(tmp_path / "." / "hosts.yml")
     assert len(runs) == 1
     assert "changed by its reader" not in again["all"]["children"]
     assert set(again["_meta"]["hostvars"]) == {"head", "w1", "w2", "single"}
     # A limit is a listing of its own, read once too.
-    limited = hostcount.read_inventory(inventory, "other")
-    hostcount.read_inventory(inventory, "other")
+    limited = runner.read_inventory(inventory, "other")
+    runner.read_inventory(inventory, "other")
     assert len(runs) == 2
     assert set(limited["_meta"]["hostvars"]) == {"single"}
     # Changed (a group_vars file the command wrote), it is read again, as it is now.
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "other.yml").write_text("written: 1\n")
-    changed = hostcount.read_inventory(inventory)
+    changed = runner.read_inventory(inventory)
     assert len(runs) == 3
     assert changed["_meta"]["hostvars"]["single"]["written"] == 1

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from socketwise.measure import hostcount
 from socketwise.measure.rundir import BASELINE
-from socketwise.measure.runner import SweepError, run_playbook
+from socketwise.measure.runner import SweepError, read_inventory, run_playbook
 from socketwise.measure.sweep import (
     LAYOUTS,
     LOADGEN_GROUP,
@@ -111,10 +111,10 @@ def targets(inventory: Path, survey_dir: Path, limit: str | None) -> list[Target
     fleet = json.loads((survey_dir / "fleet-plan.json").read_text())
     chosen = None
     if limit is not None:
-        chosen = _group_hosts(hostcount.read_inventory(inventory, limit)).get("all", set())
+        chosen = _group_hosts(read_inventory(inventory, limit)).get("all", set())
         if not chosen:
             raise CalibrateError(f"--limit {limit}: names no host of {inventory}")
-    groups = _group_hosts(hostcount.read_inventory(inventory))
+    groups = _group_hosts(read_inventory(inventory))
     serving = groups.get("all", set()) - set().union(
         *(groups.get(name, set()) for name in NOT_SERVING)
     )
@@ -396,7 +396,7 @@ def calibrate(
     if not found:
         raise CalibrateError(f"{inventory}: no serving host to calibrate" +
                              (f" in --limit {limit}" if limit else ""))  # fmt: skip
-    doors = _group_hosts(hostcount.read_inventory(inventory)).get("socketwise_frontdoor")
+    doors = _group_hosts(read_inventory(inventory)).get("socketwise_frontdoor")
     names = [*dict.fromkeys(name for target in found for name in variants(target)), *SEARCH]
     manifest = base_manifest(inventory, names, "calibrate", profile, options["tool"])
     result: dict = {"run": run_dir.name, "classes": []}

@@ -17,15 +17,10 @@ shows against the number of hosts. The load is stdlib HTTP /v1/completions
 (streamed on vLLM) with random token prompts of the profile's length and `ignore_eos`,
 so every request generates exactly the profile's output length: TTFT is the request's
 time less its generation time.
-
-It also reads the inventory for every measuring command (`read_inventory`: what Ansible
-lists, once while its files stay unchanged).
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import http.client
 import json
 import random
@@ -40,7 +35,7 @@ from urllib.parse import urlsplit
 
 from socketwise.common import paths
 from socketwise.measure.rundir import CLUSTER, CLUSTER_COLUMNS, SUMMARY_COLUMNS, write_csv
-from socketwise.measure.runner import run_playbook
+from socketwise.measure.runner import read_inventory, run_playbook
 
 WARMUP_REQUESTS = 4
 LAYOUT = "pp{}"
@@ -48,39 +43,6 @@ LAYOUT = "pp{}"
 
 class HostCountError(RuntimeError):
     pass
-
-
-def read_inventory(inventory: Path, limit: str | None = None) -> dict:
-    """`ansible-inventory --list` of INVENTORY (only the hosts the pattern LIMIT names, when
-    given): groups, their hosts and children, _meta. Read once per command while its files
-    stay as they are (a command's parts ask for it again and again, and each read starts
-    Ansible, about two seconds); a copy each time."""
-    inventory = Path(inventory).resolve()
-    return copy.deepcopy(_listed(inventory, limit, _files_as_they_are(inventory)))
-
-
-def _files_as_they_are(inventory: Path) -> tuple:
-    """What Ansible reads of INVENTORY (a file with its group_vars and host_vars beside it,
-    or a folder), each file with its size and time of change."""
-    if inventory.is_dir():
-        files = [f for f in inventory.rglob("*") if f.is_file()]
-    else:
-        beside = [inventory.parent / "group_vars", inventory.parent / "host_vars"]
-        files = [inventory, *(f for folder in beside for f in folder.rglob("*") if f.is_file())]
-    stats = ((f, f.stat()) for f in sorted(files) if f.exists())
-    return tuple((str(f), stat.st_size, stat.st_mtime_ns) for f, stat in stats)
-
-
-@functools.cache
-def _listed(inventory: Path, limit: str | None, _files: tuple) -> dict:
-    listed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory), "--list",
-         *(["--limit", limit] if limit else [])],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if listed.returncode != 0:
-        raise HostCountError(f"cannot read the inventory {inventory}: {listed.stderr.strip()}")
-    return json.loads(listed.stdout)
 
 
 def cluster_of(inventory: Path) -> dict:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from socketwise.measure import hostcount
 from socketwise.measure.rundir import (
     BASELINE,
     POWER_COLUMNS,
@@ -32,7 +31,7 @@ from socketwise.measure.rundir import (
     power_rows,
     write_csv,
 )
-from socketwise.measure.runner import SweepError, run_playbook
+from socketwise.measure.runner import SweepError, read_inventory, run_playbook
 
 # The benchmark role's per-step task, whose loop items mark the sweep's progress.
 STEP_TASK = "Run step"
@@ -123,10 +122,7 @@ class Profile:
 
 def served_hosts(inventory: Path) -> list[str]:
     """The inventory's hosts outside the load-generator group socketwise_loadgen."""
-    try:
-        groups = hostcount.read_inventory(inventory)
-    except hostcount.HostCountError as exc:
-        raise SweepError(str(exc)) from None
+    groups = read_inventory(inventory)
     every = set(groups.get("_meta", {}).get("hostvars", {}))
     every |= {
         h for group in groups.values() if isinstance(group, dict) for h in group.get("hosts", [])
