@@ -584,13 +584,14 @@ def test_the_key_is_only_in_its_root_only_files(machine, artifacts, key):
     ]
 
 
-def test_a_crashing_server_stops_at_its_start_limit(machine):
-    # The rendered unit with its start limits, made to fail at once and restart fast.
+def test_a_crashing_server_stops_at_its_start_limit(machine, key):
+    # The rendered unit with its start limits, made to fail at once and restart fast; not
+    # its RuntimeDirectory, which systemd removes at each stop: SN's socket is in it.
     unit = "/etc/systemd/system/probe-crash.service"
     on_host(
         machine,
         "sed -e 's|^ExecStart=.*|ExecStart=/bin/false|' -e '/^    /d'"
-        " -e 's|^RestartSec=.*|RestartSec=100ms|'"
+        " -e 's|^RestartSec=.*|RestartSec=100ms|' -e '/^RuntimeDirectory/d'"
         f" /etc/systemd/system/socketwise-vllm-sn.service > {unit} && systemctl daemon-reload"
         " && systemctl start probe-crash || true",
     )
@@ -612,6 +613,8 @@ def test_a_crashing_server_stops_at_its_start_limit(machine):
     expected = {"NRestarts=5", "ActiveState=failed"}
     assert set(first.split()) == set(later.split()) == expected, (first, later)
     assert "Start request repeated too quickly" in journal, journal[-2000:]
+    # The server it was copied from serves on, untouched.
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
 
 
 def test_a_benchmark_directory_outside_the_kit_s_own_is_refused(machine, artifacts):
@@ -624,24 +627,6 @@ def test_a_benchmark_directory_outside_the_kit_s_own_is_refused(machine, artifac
         " ".join(run.output.split())
     )
     assert on_host(machine, "test -f /etc/hostname && echo kept") == "kept"
-
-
-def test_a_restart_the_deploy_asks_for_is_not_counted_as_a_crash(machine, artifacts, key):
-    unit = "socketwise-vllm-sn.service"
-    # Five starts inside the unit's window, its StartLimitBurst, as a sweep's rounds or
-    # repeated deploys make them (each stopped again while vLLM imports, which is quick).
-    on_host(machine, f"systemctl reset-failed {unit}; for i in 1 2 3 4 5; do"
-            f" systemctl restart {unit} && sleep 1; done")  # fmt: skip
-    # A sixth: the unit file written after its server started, as a deploy stopped between
-    # writing it and restarting the server leaves it. The next deploy writes nothing new,
-    # restarts that server alone, and it serves.
-    running = on_host(machine, f"systemctl show -p MainPID --value {unit}")
-    on_host(machine, f"touch /etc/systemd/system/{unit}")
-    run = deploy(artifacts, "-e", "plan_layout=sn")
-    assert run.returncode == 0, run.output[-4000:]
-    assert on_host(machine, f"systemctl is-active {unit}") == "active"
-    assert on_host(machine, f"systemctl show -p MainPID --value {unit}") != running
-    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
 
 
 def test_a_converged_host_reports_no_change_again_or_in_check_mode(machine, artifacts):
@@ -692,6 +677,31 @@ def test_dp2_instances_answer_behind_the_front_door(machine, artifacts, key):
     assert_listeners_inside(machine, plan)
     assert_engines_behind_their_door(machine, plan, key)
     assert all(exposure(machine, unit) <= MAX_EXPOSURE for unit in units(machine))
+
+
+def test_a_restart_the_deploy_asks_for_is_not_counted_as_a_crash(machine, artifacts, key):
+    # On DP-2's first instance, in eager mode (its starts are the subject, not compile).
+    unit, other = "socketwise-vllm-dp0.service", "socketwise-vllm-dp1.service"
+    # Five starts inside the unit's window, its StartLimitBurst, as a sweep's rounds or
+    # repeated deploys make them (each stopped again while vLLM imports, which is quick).
+    on_host(machine, f"systemctl reset-failed {unit}; for i in 1 2 3 4 5; do"
+            f" systemctl restart {unit} && sleep 1; done")  # fmt: skip
+    # A sixth: the unit file written after its server started, as a deploy stopped between
+    # writing it and restarting the server leaves it. The next deploy writes nothing new,
+    # restarts that server alone, and it serves.
+    running = on_host(machine, f"systemctl show -p MainPID --value {unit} {other}").split()
+    on_host(machine, f"touch /etc/systemd/system/{unit}")
+    run = deploy(artifacts, "-e", "plan_layout=dp", *EAGER)
+    assert run.returncode == 0, run.output[-4000:]
+    assert on_host(machine, f"systemctl is-active {unit}") == "active"
+    restarted, kept = on_host(machine, f"systemctl show -p MainPID --value {unit} {other}").split()
+    assert restarted != running[0]
+    assert kept == running[1]
+    assert (
+        engine_call(machine, "vllm-dp0", "/v1/completions", backend_key(machine), COMPLETION)[0]
+        == 200
+    )
+    assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
 
 
 def test_a_release_that_cannot_start_goes_back_to_the_one_that_served(machine, artifacts, key):
