@@ -236,6 +236,27 @@ def test_two_core_lab_host_runs_all_three_layouts_with_no_reserve():
     assert binds(plan(lab, PlanRequest(layout="dp", dp_mode="vllm"))) == ["0|1"]
 
 
+def test_the_front_end_and_the_scheduler_take_the_kept_cores_as_documented(topo):
+    r730 = topo("r730")
+    # Node 0 keeps two cores, (24, 52) and (26, 54): the API server gets the first, the
+    # engine core's scheduler the last, each with its SMT sibling.
+    (sn,) = plan(r730, PlanRequest(layout="sn", model_gb=8))["instances"]
+    assert (sn["frontend_cpus"], sn["engine_cpus"]) == ([24, 52], [26, 54])
+    # Three kept: the API server the first two, the scheduler still the last alone.
+    (kept3,) = plan(r730, PlanRequest(layout="sn", model_gb=8, reserve_cores=3))["instances"]
+    assert (kept3["frontend_cpus"], kept3["engine_cpus"]) == ([22, 24, 50, 52], [26, 54])
+    # One replica per node: each on its own node's kept cores.
+    dp = plan(r730, PlanRequest(layout="dp", model_gb=8))["instances"]
+    assert [(i["frontend_cpus"], i["engine_cpus"]) for i in dp] == [
+        ([24, 52], [26, 54]),
+        ([25, 53], [27, 55]),
+    ]
+    # vLLM's own DP runs its engine cores in one unit: they stay where they are, and the
+    # API server takes every kept core of both nodes.
+    (own,) = plan(r730, PlanRequest(layout="dp", model_gb=8, dp_mode="vllm"))["instances"]
+    assert (own["frontend_cpus"], own["engine_cpus"]) == ([24, 25, 26, 27, 52, 53, 54, 55], [])
+
+
 def _with_llc(host: dict, llc_kb: int) -> dict:
     return {**host, "nodes": [{**n, "llc_kb": llc_kb} for n in host["nodes"]]}
 
@@ -545,6 +566,10 @@ def test_an_explicit_kv_cache_may_take_all_the_room_its_node_has_but_not_more():
     with pytest.raises(PlanError) as refused:
         plan(node, PlanRequest(layout="sn", kv_gb=10))
     assert refused.value.field == "kv_gb" and refused.value.alternatives == ["kv 9 GB"]
+    assert str(refused.value) == (
+        "KV cache 10 GB per rank exceeds the 9.0 GB its node has after weights and OS "
+        "reserve; plans that would work: kv 9 GB"
+    )
 
 
 def test_a_small_node_keeps_at_least_one_gb_for_the_os():
