@@ -572,6 +572,22 @@ def test_an_explicit_kv_cache_may_take_all_the_room_its_node_has_but_not_more():
     )
 
 
+def test_a_model_that_leaves_exactly_the_least_kv_cache_still_fits_one_node():
+    # 10 GB nodes: 1 GB for the OS, 8 GB of weights, 1 GB left: the least a rank needs.
+    exact = plan(synthetic([(4, 10), (4, 10)]), PlanRequest(model_gb=8))
+    assert (exact["layout"], exact["instances"][0]["kvcache_gb"]) == ("sn", 1)
+
+
+def test_ranks_beyond_the_node_count_say_what_would_allow_them(topo):
+    with pytest.raises(PlanError) as refused:
+        plan(topo("r730"), PlanRequest(layout="tp", ranks=3))
+    assert str(refused.value) == (
+        "TP with 3 ranks does not fit 2 NUMA node(s) with CPUs (nodes 0, 1; usable cores "
+        "[12, 12]) (ranks beyond the node count need --split-nodes); plans that would work: "
+        "TP ranks 1, TP ranks 2"
+    )
+
+
 def test_a_small_node_keeps_at_least_one_gb_for_the_os():
     # 5 GB node: the OS keeps 1 GB, not 10 % (0.5 GB), so 0.5 GB of weights leave 3.5 GB.
     node = synthetic([(4, 5)])
