@@ -578,6 +578,15 @@ def test_a_model_that_leaves_exactly_the_least_kv_cache_still_fits_one_node():
     assert (exact["layout"], exact["instances"][0]["kvcache_gb"]) == ("sn", 1)
 
 
+def test_tp_ranks_get_equal_cores_and_dp_replicas_all_of_their_nodes_on_unequal_nodes():
+    # Nodes of 4 and 6 cores, each keeping one: 3 and 5 usable.
+    host = synthetic([(4, 10), (6, 10)])
+    # TP's ranks step together: the slower rank sets the pace, so both get 3 cores.
+    assert binds(plan(host, PlanRequest(layout="tp", ranks=2))) == ["0,1,2|4,5,6"]
+    # DP's replicas serve on their own: each takes what its node has.
+    assert binds(plan(host, PlanRequest(layout="dp", ranks=2))) == ["0,1,2", "4,5,6,7,8"]
+
+
 def test_ranks_beyond_the_node_count_say_what_would_allow_them(topo):
     with pytest.raises(PlanError) as refused:
         plan(topo("r730"), PlanRequest(layout="tp", ranks=3))
