@@ -576,6 +576,11 @@ def test_a_model_that_leaves_exactly_the_least_kv_cache_still_fits_one_node():
     # 10 GB nodes: 1 GB for the OS, 8 GB of weights, 1 GB left: the least a rank needs.
     exact = plan(synthetic([(4, 10), (4, 10)]), PlanRequest(model_gb=8))
     assert (exact["layout"], exact["instances"][0]["kvcache_gb"]) == ("sn", 1)
+    # The reason, whole: the rule's own words and nothing measured added to them.
+    assert exact["reason"] == (
+        "auto: model 8 GB fits one node and no expected concurrency given, so one instance "
+        "on one node (SN); TP across nodes only pays when the model does not fit one"
+    )
 
 
 def test_tp_ranks_get_equal_cores_and_dp_replicas_all_of_their_nodes_on_unequal_nodes():
