@@ -13,7 +13,7 @@ from pathlib import Path
 
 import testinfra.utils.ansible_runner
 
-from socketwise.facts.topology import parse_cpulist
+from socketwise.facts.files import parse_cpulist
 
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
     os.environ["MOLECULE_INVENTORY_FILE"]
