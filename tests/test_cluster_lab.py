@@ -24,7 +24,8 @@ import pytest
 
 from socketwise.build import llamacpp
 from socketwise.common.paths import cache_dir
-from socketwise.facts.topology import detect, parse_cpulist
+from socketwise.facts.files import parse_cpulist
+from socketwise.facts.topology import detect
 from socketwise.lab.common import scrape_token_path
 from socketwise.plan.hwclass import isa_class
 

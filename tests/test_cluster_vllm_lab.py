@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from socketwise.facts.topology import parse_cpulist
+from socketwise.facts.files import parse_cpulist
 from socketwise.lab.common import scrape_token_path
 from socketwise.measure import hostcount
 from socketwise.measure.sweep import Profile
