@@ -152,14 +152,9 @@ def _map_links(markdown: str, change: Callable[[str], str | None]) -> str:
     def definition(match: re.Match) -> str:
         return f"{match[1]}{change(match[2]) or '#'}{match[3]}"
 
-    parts, last = [], 0
-    for fence in _FENCE.finditer(markdown):
-        prose = markdown[last : fence.start()]
-        parts += [_LINK_DEFINITION.sub(definition, _INLINE_LINK.sub(inline, prose)), fence[0]]
-        last = fence.end()
-    prose = markdown[last:]
-    parts.append(_LINK_DEFINITION.sub(definition, _INLINE_LINK.sub(inline, prose)))
-    return "".join(parts)
+    return _outside_fences(
+        markdown, lambda prose: _LINK_DEFINITION.sub(definition, _INLINE_LINK.sub(inline, prose))
+    )
 
 
 def _link_targets(markdown: str) -> list[str]:
