@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from socketwise.common import paths
+from socketwise.lab import command as lab_command
 from socketwise.lab import machines as lab
 
 pytestmark = pytest.mark.lab
@@ -112,7 +113,7 @@ def lab_mounts() -> list[str]:
 def lab_status_cli() -> list[dict[str, object]]:
     """`socketwise lab status` through the subcommand's own parser."""
     parser = argparse.ArgumentParser(prog="socketwise")
-    lab.register(parser.add_subparsers(dest="command", required=True))
+    lab_command.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["lab", "status"])
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
