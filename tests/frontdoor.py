@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -103,23 +104,28 @@ def completion_tokens(address: str, port: int, key: str, tls: bool = False) -> i
 
 
 def streamed_reads(address: str, port: int, key: str, tokens: int = 128) -> tuple[int, int]:
-    """(reads, events): a streamed completion of TOKENS tokens read off the socket as a
-    client reads it, how many reads brought token events and how many events came. Sent
-    as they are made, the tokens come in many reads; held back, in one or two."""
-    body = json.dumps({**COMPLETION, "max_tokens": tokens, "ignore_eos": True, "stream": True})
+    """(reads, tokens): a streamed completion of TOKENS tokens read off the socket as a
+    client reads it, how many reads brought token events and how many tokens the stream
+    says it sent (its closing usage). Sent as they are made, the tokens come in many reads;
+    held back, in one or two. vLLM merges the tokens of a client that falls behind into one
+    event, so the count of events is no measure on a busy machine."""
+    body = json.dumps({
+        **COMPLETION, "max_tokens": tokens, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    })  # fmt: skip
     request = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {key}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         f"Connection: close\r\n\r\n{body}"
     )
-    reads = events = 0
+    reads, received = 0, b""
     with socket.create_connection((address, port), timeout=60) as connection:
         connection.sendall(request.encode())
         while data := connection.recv(65536):
-            found = data.count(b'data: {"')
-            reads += found > 0
-            events += found
-    return reads, events
+            reads += b'"text":' in data
+            received += data
+    sent = re.findall(rb'"completion_tokens":\s*([0-9]+)', received)
+    return reads, int(sent[-1]) if sent else 0
 
 
 def answers(address: str, port: int) -> bool:

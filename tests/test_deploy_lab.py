@@ -421,9 +421,10 @@ def test_sn_serves_a_real_completion_on_the_cores_the_plan_gave_it(machine, arti
     assert frontdoor.completion_tokens(ADDRESS, 8000, key) > 0
     # Through the front door a streamed completion comes token by token, as vLLM sends it
     # (held back by the door, all 128 tokens came in one read, the first 175 ms late, in
-    # every try). vLLM itself sends one in one chunk at times on a busy machine: three tries.
+    # every try). vLLM itself sends one in one chunk at times on a busy machine, and merges
+    # the tokens of a reader that falls behind into fewer events: three tries, all tokens.
     tries = [frontdoor.streamed_reads(ADDRESS, 8000, key) for _ in range(3)]
-    assert all(events >= 100 for _, events in tries), tries
+    assert all(sent == 128 for _, sent in tries), tries
     assert max(reads for reads, _ in tries) >= 8, tries
     # The tiny model's weights fit this VM's last-level cache: one core is kept for
     # vLLM's front end, which the unit moves there once the worker has started.
