@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -9,9 +10,21 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+
+def kit_plugin(name: str) -> ModuleType:
+    """A plugin of the collection socketwise.kit (`filter.fleet`, `modules.install_state`)
+    imported as Ansible imports it: by its fully qualified name, through Ansible's
+    collection loader, from this checkout's collections path (ansible.cfg's)."""
+    from ansible.plugins.loader import init_plugin_loader
+
+    if "ansible_collections" not in sys.modules:
+        init_plugin_loader([str(REPO / "collections")])
+    return importlib.import_module(f"ansible_collections.socketwise.kit.plugins.{name}")
 
 
 @dataclass
@@ -53,15 +66,14 @@ def run_playbook(playbook: str, *args: str, env: dict[str, str] | None = None) -
 
 
 def run_module(module: str, args: dict, *extra: str) -> tuple[dict, str]:
-    """Run one of vllm_service's modules with ansible against localhost, as a task would:
-    its result and ansible's whole output (to look for what it must not show)."""
+    """Run one of the kit's modules (socketwise.kit.NAME) with ansible against localhost,
+    as a task would: its result and ansible's whole output (to look for what it must not
+    show)."""
     done = subprocess.run(
         [str(BIN / "ansible"), "localhost", "-i", "inventories/local", "-m", module,
          "-a", json.dumps(args), *extra],
         cwd=REPO, capture_output=True, text=True, check=False,
-        env=dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles/vllm_service/library"),
-                 ANSIBLE_MODULE_UTILS=str(REPO / "roles/vllm_service/module_utils"),
-                 ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
+        env=dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json"),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"], done.stdout

@@ -291,7 +291,6 @@ def rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(directory / "render.yml"),
         *("-i", "inventories/local"),
         *("-e", json.dumps({"__monitor_templates": str(REPO / "templates")})),
-        env={"ANSIBLE_FILTER_PLUGINS": str(ROLE / "filter_plugins")},
     )
     assert done.returncode == 0, done.output[-3000:]
     return directory / "alerts.yml"

@@ -23,7 +23,7 @@ from socketwise.plan import modelfile
 from socketwise.serve.unitvalues import cluster_value_errors
 from socketwise.serve.verify import check_pinned
 
-from .playbooks import REPO
+from .playbooks import REPO, kit_plugin
 
 HEADS, KV_HEADS, HIDDEN, LAYERS, FF = 4, 2, 32, 2, 48
 TOKENS = ["<s>", "</s>", "<unk>", "<pad>", "a", "b", "ab", "Ġa"]
@@ -241,11 +241,7 @@ def test_a_build_counts_only_when_its_marker_names_both_programs_at_their_sizes(
 
 
 def _filters():
-    path = REPO / "roles" / "cluster" / "filter_plugins" / "socketwise_cluster.py"
-    spec = importlib.util.spec_from_file_location("socketwise_cluster_filters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    return kit_plugin("filter.cluster").FilterModule().filters()
 
 
 def test_the_role_finds_members_head_first_their_endpoints_and_each_hosts_servers():
@@ -256,45 +252,45 @@ def test_the_role_finds_members_head_first_their_endpoints_and_each_hosts_server
         "other": {"socketwise_cluster": "b"},
         "single": {},
     }
-    members = filters["socketwise_cluster_members"](list(hostvars), hostvars, "a", "h")
+    members = filters["cluster_members"](list(hostvars), hostvars, "a", "h")
     assert members == ["h", "w1"]
     # A head outside the cluster: the members in inventory order (the role then refuses).
-    assert filters["socketwise_cluster_members"](list(hostvars), hostvars, "a", "x") == ["w1", "h"]
+    assert filters["cluster_members"](list(hostvars), hostvars, "a", "x") == ["w1", "h"]
     servers = [
         {"node": 0, "port": 50052, "cpus": [0, 1]},
         {"node": 1, "port": 50053, "cpus": [2, 3]},
     ]
     worker = {"host": "w1", "role": "worker", "rpc_servers": servers}
     plan = {"hosts": [{"host": "h", "role": "head", "rpc_servers": []}, worker]}
-    assert [r["endpoint"] for r in filters["socketwise_cluster_rpc"](plan, hostvars)] == [
+    assert [r["endpoint"] for r in filters["cluster_rpc"](plan, hostvars)] == [
         "10.0.0.2:50052", "10.0.0.2:50053"
     ]  # fmt: skip
-    assert filters["socketwise_cluster_rpc"](plan, hostvars)[1]["host"] == "w1"
-    units = filters["socketwise_cluster_units"](worker, False)
+    assert filters["cluster_rpc"](plan, hostvars)[1]["host"] == "w1"
+    units = filters["cluster_units"](worker, False)
     assert units == [{"unit": "socketwise-rpc-node0.service", "cpus": [0, 1]},
                      {"unit": "socketwise-rpc-node1.service", "cpus": [2, 3]}]  # fmt: skip
     head = {"host": "h", "rpc_servers": [], "stage": {"cpus_allowed": [4, 5]}}
-    assert filters["socketwise_cluster_units"](head, True) == [
+    assert filters["cluster_units"](head, True) == [
         {"unit": "socketwise-llamacpp.service", "cpus": [4, 5]}
     ]
-    assert filters["socketwise_cluster_units"](None, False) == []
+    assert filters["cluster_units"](None, False) == []
     # vLLM: one stage per host, its workers checked against their ranks' CPUs.
     stage = {"cpus_allowed": [0, 1, 2, 3], "ranks": [{"node": 0, "cpus": [0, 1]},
                                                     {"node": 1, "cpus": [2, 3]}]}  # fmt: skip
-    assert filters["socketwise_cluster_units"]({"stage": stage}, False, "vllm") == [
+    assert filters["cluster_units"]({"stage": stage}, False, "vllm") == [
         {"unit": "socketwise-pp-vllm.service", "cpus": [0, 1, 2, 3], "ranks": [[0, 1], [2, 3]]}
     ]
-    assert filters["socketwise_cluster_follower_link"]("w1", "10.0.0.1:29501", 29501) == {
+    assert filters["cluster_follower_link"]("w1", "10.0.0.1:29501", 29501) == {
         "host": "w1", "side": "dport", "port": 29501, "endpoint": "w1 -> 10.0.0.1:29501"
     }  # fmt: skip
-    refused = filters["socketwise_cluster_plan"](
+    refused = filters["cluster_plan"](
         ["h"], {"h": {"socketwise_topology": {}}}, model_gb=1, layers=0, engine="llamacpp"
     )
     assert refused["plan"] is None and refused["field"] == "layers"
 
 
 def test_the_pipeline_s_connections_are_read_as_peer_addresses():
-    peers = _filters()["socketwise_cluster_peers"]
+    peers = _filters()["cluster_peers"]
     lines = [
         "0      0          10.0.0.2:50052       10.0.0.1:41234",
         "0      0   [::ffff:10.0.0.2]:29501 [::ffff:10.0.0.9]:50000",

@@ -218,7 +218,10 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         trim_blocks=True,
     )  # fmt: skip
     environment.filters.update(
-        comment=comment, systemd_quote=quote, dirname=os.path.dirname, basename=os.path.basename
+        comment=comment,
+        **{"socketwise.kit.systemd_quote": quote},
+        dirname=os.path.dirname,
+        basename=os.path.basename,
     )
     me = next(entry for entry in plan["hosts"] if entry["host"] == host)
     addresses = {entry["host"]: f"10.0.0.{entry['rank'] + 1}" for entry in plan["hosts"]}

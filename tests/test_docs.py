@@ -129,7 +129,6 @@ def test_every_command_and_option_is_in_the_cli_reference():
 
 
 _NAME = re.compile(r"(?<![\w/.-])socketwise_[a-z0-9_]*[a-z0-9]\b")
-_AS_FILTER = re.compile(r"(\|\s*|map\(\s*['\"])socketwise_\w+")
 
 
 def _strings_and_kit_facts(node, strings: list[str], kit: set[str]) -> None:
@@ -159,12 +158,9 @@ def test_every_inventory_variable_the_kit_reads_is_documented_and_none_is_unused
         _strings_and_kit_facts(yaml.safe_load(path.read_text()), strings, kit)
     for path in [*REPO.glob("templates/**/*.j2"), *REPO.glob("roles/*/templates/**/*.j2")]:
         strings.append(re.sub(r"\{#.*?#\}", "", path.read_text(), flags=re.DOTALL))
-    modules = {path.stem for path in REPO.glob("roles/*/library/*.py")}
-    read = {name for text in strings for name in _NAME.findall(_AS_FILTER.sub("", text))}
+    read = {name for text in strings for name in _NAME.findall(text)}
     # A Prometheus label and a metric the monitor's templates write, not variables.
-    inventory_level = (
-        read - kit - modules - {"socketwise_instance", "socketwise_operation_in_progress"}
-    )
+    inventory_level = read - kit - {"socketwise_instance", "socketwise_operation_in_progress"}
     assert {"socketwise_cluster", "socketwise_tune", "socketwise_frontdoor"} <= inventory_level
 
     entries = yaml.safe_load((REPO / "docs/reference/inventory-variables.yml").read_text())

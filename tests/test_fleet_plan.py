@@ -12,7 +12,7 @@ from socketwise.plan import fleet
 from socketwise.plan.planner import PlanRequest, plan
 
 from .machines import build_machine
-from .playbooks import REPO, run_playbook
+from .playbooks import REPO, kit_plugin, run_playbook
 
 FLEET = REPO / "inventories" / "example-fleet"
 # The fixture machine each saved topology was written from.
@@ -133,14 +133,8 @@ def test_a_change_of_cores_on_one_instance_is_named():
 
 
 def fleet_filters():
-    """roles/vllm_service/filter_plugins/socketwise_fleet.py, as Ansible loads it."""
-    import importlib.util
-
-    path = REPO / "roles/vllm_service/filter_plugins/socketwise_fleet.py"
-    spec = importlib.util.spec_from_file_location("socketwise_fleet", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    """plugins/filter/fleet.py, as Ansible loads it."""
+    return kit_plugin("filter.fleet").FilterModule().filters()
 
 
 def test_hosts_exempt_the_fleet_door_by_the_address_it_connects_from():
@@ -153,7 +147,7 @@ def test_hosts_exempt_the_fleet_door_by_the_address_it_connects_from():
         "door3": {"ansible_host": "fleet.example"},
         "gen1": {"ansible_host": "fd00::7", "vllm_service_listen_address": "::"},
     }
-    sources = fleet_filters()["socketwise_fleet_sources"]
+    sources = fleet_filters()["fleet_sources"]
     assert sources(["door1", "door2", "door3", "gen1"], hostvars, "0.0.0.0") == [
         "10.0.0.5",
         "10.0.0.6",
@@ -175,5 +169,5 @@ def test_the_fleet_door_counts_a_host_as_taking_its_certificate_once_it_has_the_
         # Never looked at (outside a --limit).
         "unseen": {},
     }
-    trusting = fleet_filters()["socketwise_fleet_trusting"]
+    trusting = fleet_filters()["fleet_trusting"]
     assert trusting(list(hostvars), hostvars) == ["copied", "had"]

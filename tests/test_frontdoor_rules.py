@@ -650,7 +650,6 @@ def render(
     run = run_playbook(
         str(directory / "render.yml"),
         *("-i", "inventories/local"),
-        env={"ANSIBLE_FILTER_PLUGINS": str(role / "filter_plugins")},
     )
     assert run.returncode == 0, run.output[-3000:]
     tls_doors = (

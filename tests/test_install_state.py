@@ -2,7 +2,6 @@
 writes nothing new, because an earlier deploy wrote their files and stopped before it
 restarted them (their servers run what the files no longer say)."""
 
-import importlib.util
 import json
 import os
 import re
@@ -11,13 +10,9 @@ import time
 
 import pytest
 
-from .playbooks import REPO, run_playbook
+from .playbooks import REPO, kit_plugin, run_playbook
 
-SPEC = importlib.util.spec_from_file_location(
-    "socketwise_install_state", REPO / "roles/vllm/library/socketwise_install_state.py"
-)
-state = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(state)
+state = kit_plugin("modules.install_state")
 
 # `systemctl show --property=Id,MainPID -- UNITS` as systemd 252 prints it (read on a lab
 # host): a block per unit, in the order asked, MainPID=0 for one that runs nothing.

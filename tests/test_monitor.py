@@ -4,7 +4,6 @@ real Prometheus (tests/test_rollout_lab.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 import urllib.parse
@@ -18,7 +17,7 @@ import yaml
 from socketwise.measure.status import collect, table
 from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
 
-from .playbooks import REPO, run_playbook
+from .playbooks import REPO, kit_plugin, run_playbook
 
 DP = {"layout": "dp", "instances": [{"name": "vllm-dp0"}, {"name": "vllm-dp1"}]}
 
@@ -56,11 +55,7 @@ def test_a_cluster_is_scraped_at_its_heads_engine_and_every_members_node_and_doo
     """Through the monitor role's filter, from hostvars as deploy.yml leaves them: a vLLM
     follower or an RPC server has no /metrics, the head's engine speaks for the pipeline;
     a member the cluster's plan leaves out is not scraped."""
-    spec = importlib.util.spec_from_file_location(
-        "socketwise_monitor", REPO / "roles/monitor/filter_plugins/socketwise_monitor.py"
-    )
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
+    plugin = kit_plugin("filter.monitor")
     plan = {"layout": "pp", "head": "c1", "hosts": [{"host": "c1"}, {"host": "c2"}]}
     member = {"socketwise_cluster": "a", "socketwise_engine": "llamacpp",
               "socketwise_cluster_plan": plan, "vllm_service_metrics_port": "9180"}  # fmt: skip

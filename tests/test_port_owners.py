@@ -22,7 +22,7 @@ def test_several_listeners_are_checked_in_one_call_each_with_its_clashes():
             {"variable": "plan_port", "address": "127.0.0.1", "ports": [port]},
             {"variable": "vllm_service_metrics_port", "address": "127.0.0.1", "ports": []},
         ]
-        result, _ = run_module("socketwise_port_owners", {"listeners": listeners})
+        result, _ = run_module("socketwise.kit.port_owners", {"listeners": listeners})
     first, second = result["results"]
     assert first["item"]["variable"] == "plan_port"
     assert [(c["port"], c["pid"]) for c in first["clashes"]] == [(port, os.getpid())]
@@ -33,7 +33,7 @@ def test_several_listeners_are_checked_in_one_call_each_with_its_clashes():
 def test_the_answer_says_whether_root_may_give_a_unit_a_network_of_its_own():
     # What this process holds, as the module reads it: a container without CAP_NET_ADMIN
     # gets its engines on the host's loopback, not a namespace systemd cannot set up.
-    result, _ = run_module("socketwise_port_owners", {"listeners": []})
+    result, _ = run_module("socketwise.kit.port_owners", {"listeners": []})
     assert result["net_admin"] is holds_net_admin()
     held = setpriv_net_admin(drop=False)
     assert (held, setpriv_net_admin(drop=True)) == (holds_net_admin(), False)

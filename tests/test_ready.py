@@ -304,7 +304,7 @@ def test_the_deploy_asks_an_instance_on_its_socket_and_reads_its_version_there(t
 
     with on_socket(tmp_path / "api.sock", Instance) as url:
         result, _ = run_module(
-            "socketwise_completion",
+            "socketwise.kit.completion",
             {"urls": [url], "model": "tiny", "api_key": "client-key", "timeout": 5,
              "backend_urls": [url], "backend_key": "backend-credential",
              "version_url": url + "/version"},

@@ -146,7 +146,7 @@ def test_the_module_prunes_on_the_host_and_only_predicts_in_check_mode(home, tmp
     args = {"home": f"{root}/", "releases": f"{root}/releases", "keep": [releases["current"]]}
 
     def run(*extra: str) -> dict:
-        return run_module("socketwise_prune", args, *extra)[0]
+        return run_module("socketwise.kit.prune", args, *extra)[0]
 
     expected = [
         str(root / "releases" / "sn-000000000001"),

@@ -21,7 +21,7 @@ SECRET = "SOCKETWISE_BACKEND_KEY=never-shown-1234\n"
 
 
 def _module(args: dict, *extra: str) -> tuple[dict, str]:
-    return run_module("socketwise_secret_files", args, *extra)
+    return run_module("socketwise.kit.secret_files", args, *extra)
 
 
 def _mode(path) -> int:

@@ -503,16 +503,16 @@ def test_a_tree_without_cache_directories_reports_the_cache_unknown(machine_root
 def test_the_ansible_module_ships_the_topology_with_its_neighbours_and_reads_the_same(
     machine_root, tmp_path
 ):
-    # As a deploy runs it on a host: Ansible bundles the module's imports from the role's
-    # module_utils (facts.topology and the files it imports), and nothing else of the package.
+    # As a deploy runs it on a host: Ansible bundles the module's imports from the
+    # collection's module_utils (facts.topology and the files it imports), and nothing else
+    # of the package.
     root = machine_root("dgx-h100")
     done = subprocess.run(
         [str(BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,",
          "-e", f"ansible_python_interpreter={sys.executable}",
-         "-m", "socketwise_topology", "-a", f"root={root}", "-o"],
+         "-m", "socketwise.kit.topology", "-a", f"root={root}", "-o"],
         capture_output=True, text=True, timeout=120,
-        env={**os.environ, "ANSIBLE_LIBRARY": str(REPO / "roles/topology/library"),
-             "ANSIBLE_MODULE_UTILS": str(REPO / "roles/topology/module_utils"),
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
              "ANSIBLE_LOCAL_TEMP": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

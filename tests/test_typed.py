@@ -4,7 +4,9 @@ the string "3", which must multiply and compare as 3 (socketwise.common.typed)."
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from socketwise.common.typed import ROLES, convert, declared_types, type_errors, typed
+from socketwise.common.typed import convert, declared_types, type_errors, typed
+
+from .playbooks import kit_plugin
 
 
 @pytest.mark.parametrize(
@@ -79,19 +81,13 @@ def test_a_value_that_only_resembles_its_type_is_refused_not_rounded_or_guessed(
 
 
 def test_a_role_that_converts_a_variable_no_spec_declares_as_a_number_stops_naming_it():
-    import importlib.util
-
-    path = ROLES / "vllm_service" / "filter_plugins" / "socketwise_typed.py"
-    spec = importlib.util.spec_from_file_location("socketwise_typed_filters", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    filters = module.FilterModule().filters()
+    filters = kit_plugin("filter.typed").FilterModule().filters()
     given = {"vllm_service_start_limit_burst": "5", "vllm_home": "/opt/vllm"}
-    for door in ("socketwise_typed", "socketwise_type_errors"):
+    for door in ("typed", "type_errors"):
         with pytest.raises(
             AnsibleFilterError, match="no int, float or bool argument spec for vllm_home$"
         ):
             filters[door](given)
-    assert filters["socketwise_typed"]({"vllm_service_start_limit_burst": "5"}) == {
+    assert filters["typed"]({"vllm_service_start_limit_burst": "5"}) == {
         "vllm_service_start_limit_burst": 5
     }

@@ -365,11 +365,9 @@ def rendered(tmp_path_factory) -> Rendered:
         "tasks": tasks,
     }
     (directory / "render.yml").write_text(json.dumps([play]))
-    filters = ":".join(str(ROLES / role / "filter_plugins") for role in ("vllm_service", "cluster"))
     run = run_playbook(
         str(directory / "render.yml"),
         *("-i", str(directory / "inventory.yml")),
-        env={"ANSIBLE_FILTER_PLUGINS": filters},
     )
     assert run.returncode == 0, run.output[-4000:]
     units = {path.name: path for path in sorted(directory.glob("*.service"))}

@@ -57,7 +57,10 @@ def render_vllm_unit(**values: object) -> str:
     )
     # Ansible's own filters the template uses, besides the role's.
     environment.filters.update(
-        comment=comment, systemd_quote=quote, dirname=posixpath.dirname, basename=posixpath.basename
+        comment=comment,
+        **{"socketwise.kit.systemd_quote": quote},
+        dirname=posixpath.dirname,
+        basename=posixpath.basename,
     )
     topology = {
         "schema": 1,

@@ -507,17 +507,13 @@ MONITOR_NAMES = frozenset({"socketwise_instance", "socketwise_operation_in_progr
 
 def inventory_names_in_code(repo: Path) -> set[str]:
     """The `socketwise_*` variables and groups the kit reads but never sets itself: not a
-    filter (`| socketwise_x`, `map('socketwise_x')`), not a module (a task's
-    `socketwise_x:`), not a fact a task sets (set_fact, vars:, register:, group_by) or a
-    module returns."""
-    modules = {path.stem for path in repo.glob("roles/*/library/*.py")}
+    fact a task sets (set_fact, vars:, register:, group_by) or a module returns. Modules
+    and filters are named socketwise.kit.*, which no `socketwise_` name matches."""
     read = set()
     for path in _reader_files(repo):
         text = _code_of(path)
         for match in _NAME.finditer(text):
             before = text[text.rfind("\n", 0, match.start()) + 1 : match.start()]
-            if re.search(r"(\||\bmap\(\s*['\"])\s*$", before):
-                continue
             if re.fullmatch(r"\s*(-\s+)?", before) and text[match.end() : match.end() + 1] == ":":
                 continue
             read.add(match[0])
@@ -529,9 +525,9 @@ def inventory_names_in_code(repo: Path) -> set[str]:
             kit_set |= set(
                 re.findall(r"^\s*(?:register|key):\s*(socketwise_\w+)\s*$", text, re.MULTILINE)
             )
-    for path in repo.glob("roles/*/library/*.py"):
+    for path in repo.glob("plugins/modules/*.py"):
         kit_set |= set(re.findall(r"ansible_facts=\{\s*\"(socketwise_\w+)\"", path.read_text()))
-    return read - kit_set - modules - MONITOR_NAMES
+    return read - kit_set - MONITOR_NAMES
 
 
 def inventory_problems(repo: Path) -> list[str]:

@@ -1,0 +1,93 @@
+"""The filters `socketwise.kit.fleet_servers`, where the fleet front door reaches each host,
+`socketwise.kit.fleet_sources`, the addresses a host's door sees the fleet door come from, and
+`socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate."""
+
+import ipaddress
+
+from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
+    NotConverted,
+    convert,
+)
+
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def _address(found, host, default_listen):
+    """A door's own address: its listen address, or its ansible_host when that is a wildcard."""
+    listen = str(found.get("vllm_service_listen_address", default_listen))
+    return str(found.get("ansible_host", host)) if listen in WILDCARDS else listen
+
+
+def _switch(value):
+    """A switch as the host's own role reads it (socketwise.common.typed); one that does
+    not convert is off here, and refused by that host's first play."""
+    try:
+        return bool(convert(value, "bool"))
+    except NotConverted:
+        return False
+
+
+def socketwise_fleet_servers(hosts, hostvars, default_listen):
+    """[{name, address, port, tls, kit, cert}] for every serving host: its own front door's
+    address (its ansible_host when that binds a wildcard), the plan's port (plan_port, else
+    8000, for a host this run did not plan), whether it speaks TLS and whether with the
+    certificate the kit's CA issued it (vllm_service_tls without a vllm_service_tls_cert)."""
+    servers = []
+    for host in hosts:
+        found = hostvars[host]
+        plan = found.get("socketwise_plan")
+        cert = str(found.get("vllm_service_tls_cert") or "")
+        kit = not cert and _switch(found.get("vllm_service_tls", False))
+        servers.append(
+            {
+                "name": host,
+                "address": _address(found, host, default_listen),
+                "port": int(plan["endpoint_port"] if plan else found.get("plan_port", 8000)),
+                "tls": bool(cert) or kit,
+                "kit": kit,
+                # On the controller: play 1 checks it against vllm_service_fleet_ca_file.
+                "cert": cert,
+            }
+        )
+    return servers
+
+
+def socketwise_fleet_sources(doors, hostvars, default_listen):
+    """The addresses of the fleet doors DOORS (hosts of socketwise_frontdoor), which a host's
+    door exempts from its per-client limits: the fleet door carries every client. The fleet
+    door connects from its listen address when it has one (fleet-haproxy.cfg.j2's `source`);
+    a name is left out (HAProxy would resolve it once, at start): list that door's address
+    in vllm_service_client_limit_exempt instead."""
+    sources = []
+    for door in doors:
+        address = _address(hostvars[door], door, default_listen)
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            continue
+        sources.append(address)
+    return sources
+
+
+def socketwise_fleet_trusting(hosts, hostvars):
+    """The HOSTS whose door takes the fleet door's client certificate by now: this run
+    gave it the certificate's CA (fleet-client-ca.yml's copy, not skipped), or it had the
+    CA when the first play looked (preflight.yml). A host this run has not reached (the
+    first fleet play of rollout.yml, a --limit) counts only by the second."""
+    trusting = []
+    for host in hosts:
+        found = hostvars[host]
+        copied = found.get("__vllm_service_fleet_client_ca_copy") or {}
+        looked = (found.get("__vllm_service_fleet_client_ca_found") or {}).get("stat") or {}
+        if (copied and not copied.get("skipped")) or looked.get("exists"):
+            trusting.append(host)
+    return trusting
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "fleet_servers": socketwise_fleet_servers,
+            "fleet_sources": socketwise_fleet_sources,
+            "fleet_trusting": socketwise_fleet_trusting,
+        }

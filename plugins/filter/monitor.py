@@ -1,0 +1,56 @@
+"""Ansible door into socketwise.serve.monitor: the filters `socketwise.kit.scrape_targets`, what
+a monitor's Prometheus scrapes (from the inventory and this run's plans), and
+`socketwise.kit.retention_bytes`, how much of its disk it may fill, and
+`socketwise.kit.duration_seconds`, a Prometheus duration in seconds."""
+
+from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
+    cluster_host_plan,
+    duration_seconds,
+    retention_bytes,
+    scrape_targets,
+)
+
+
+def _door(found, host):
+    return {
+        "host": host,
+        "address": str(found.get("vllm_service_metrics_address", "127.0.0.1")),
+        "port": int(found.get("vllm_service_metrics_port", 9180)),
+    }
+
+
+def socketwise_scrape_targets(serving, doors, hostvars):
+    """{job: static_configs} for the serving hosts SERVING that this run planned (a cluster
+    member by its cluster's plan) and the fleet doors DOORS."""
+    hosts = []
+    for host in serving:
+        found = hostvars[host]
+        build = found.get("socketwise_build") or {}
+        if found.get("socketwise_cluster"):
+            plan = cluster_host_plan(
+                found.get("socketwise_cluster_plan"), host, found.get("socketwise_engine", "vllm")
+            )
+        else:
+            plan = found.get("socketwise_plan")
+        if not plan:
+            continue
+        labels = {"hardware_class": build.get("class"), "cluster": found.get("socketwise_cluster")}
+        hosts.append(_door(found, host) | {"plan": plan} | labels)
+    return scrape_targets(hosts, [_door(hostvars[door], door) for door in doors])
+
+
+def socketwise_retention_bytes(filesystem_bytes, share):
+    return retention_bytes(int(filesystem_bytes), float(share))
+
+
+def socketwise_duration_seconds(duration):
+    return duration_seconds(duration)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "duration_seconds": socketwise_duration_seconds,
+            "scrape_targets": socketwise_scrape_targets,
+            "retention_bytes": socketwise_retention_bytes,
+        }

@@ -1,1 +1,0 @@
-../../vllm_service/filter_plugins/socketwise_fleet.py

@@ -1,1 +1,0 @@
-../../vllm_service/library/socketwise_completion.py
