@@ -433,6 +433,15 @@ def test_tp_takes_the_nodes_closest_to_each_other_by_the_distance_matrix():
     assert auto["layout"] == "tp" and auto["instances"][0]["membind"] == [0, 2]
 
 
+def test_dp_with_fewer_replicas_than_nodes_takes_the_first_nodes_in_id_order():
+    # Replicas never talk to each other: unlike a TP group they take nodes in id order
+    # (docs/concepts/plan.md), even on the ring above where nodes 0 and 1 are two hops apart.
+    ring = [[10, 32, 21, 21], [32, 10, 21, 21], [21, 21, 10, 32], [21, 21, 32, 10]]
+    result = plan(synthetic([(8, 64)] * 4, ring), PlanRequest(layout="dp", ranks=2, model_gb=8))
+    assert [instance["membind"] for instance in result["instances"]] == [[0], [1]]
+    assert [node["node"] for node in result["nodes"]] == [0, 1]
+
+
 @pytest.mark.parametrize(
     ("request_", "field"),
     [
