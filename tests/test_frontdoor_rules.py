@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
 import http.client
 import json
 import os
@@ -25,6 +26,7 @@ import socket
 import socketserver
 import ssl
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -328,7 +330,7 @@ def render(
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
     others += ("host-pinned", "host-renewed")
-    others += ("fleet-retry", "fleet-busy", *STARTED_BY_TESTS)
+    others += ("fleet-retry", "fleet-busy", "fleet-drain", *STARTED_BY_TESTS)
     others += ("engine-gone", "engine-sick", "cluster-broken")
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
@@ -523,6 +525,8 @@ def render(
         "fleet-retry": fleet_over("fleet-retry", restarting=refusing_port, host1=backend_port),
         # Over one host whose door is busy: its /health answers late.
         "fleet-busy": fleet_over("fleet-busy", busy=busy_port),
+        # Over two hosts that serve, one of which playbooks/drain.yml takes out and back.
+        "fleet-drain": fleet_over("fleet-drain", host1=backend_port, host2=backend_port),
         # Over a host that dies once the door has it in (the test stops it) and one that serves.
         "fleet-dead": fleet_over("fleet-dead", dying=dying_port, host1=backend_port),
         "fleet-tls": (
@@ -1086,6 +1090,52 @@ def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
         (float(t), kind) for kind, t in (line.split() for line in record.read_text().splitlines())
     )
     assert [kind for _, kind in events] == ["start", "end"] * 3
+
+
+def fleet_status(front: FrontDoors, door: str) -> dict[str, str]:
+    """{server: status} of a fleet door's `fleet` backend, from its runtime API socket:
+    UP, MAINT or DOWN (a check that failed once leaves UP as UP, not "UP 1/2")."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+        admin.connect(str(front.directory / f"{door}.sock"))
+        admin.sendall(b"show stat\n")
+        answer = b"".join(iter(lambda: admin.recv(65536), b"")).decode()
+    rows = list(csv.reader(answer.lstrip("# ").splitlines()))
+    column = {name: i for i, name in enumerate(rows[0])}
+    return {
+        row[column["svname"]]: row[column["status"]].split()[0]
+        for row in rows[1:]
+        if row and row[0] == "fleet" and row[column["svname"]] not in ("FRONTEND", "BACKEND")
+    }
+
+
+def test_drain_takes_a_host_out_of_the_fleet_door_and_puts_it_back(front, tmp_path):
+    """playbooks/drain.yml, which `socketwise calibrate` runs around the host it measures,
+    through vllm_service's fleet-drain entry point (the rollout's drain and undrain too), on
+    a real fleet door: out, the door holds the host in maintenance (no request reaches it)
+    while its neighbour stays up; back, the door has it up again before the playbook ends."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        json.dumps({"all": {"children": {"socketwise_frontdoor": {"hosts": {"door": local}}}}})
+    )
+    socket_path = str(front.directory / "fleet-drain.sock")
+
+    def drain(out: bool) -> None:
+        given = {"socketwise_drain_hosts": ["host1"], "socketwise_drain": out,
+                 "__vllm_service_fleet_socket": socket_path}  # fmt: skip
+        done = run_playbook("playbooks/drain.yml", "-i", str(inventory), "-e", json.dumps(given))
+        assert done.returncode == 0, done.output[-3000:]
+
+    assert fleet_status(front, "fleet-drain") == {"host1": "UP", "host2": "UP"}
+    try:
+        drain(True)
+        assert fleet_status(front, "fleet-drain") == {"host1": "MAINT", "host2": "UP"}
+        drain(False)
+        assert fleet_status(front, "fleet-drain") == {"host1": "UP", "host2": "UP"}
+    finally:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            admin.connect(socket_path)
+            admin.sendall(b"set server fleet/host1 state ready\n")
 
 
 @pytest.mark.parametrize("door", DOORS)
