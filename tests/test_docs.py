@@ -92,6 +92,13 @@ def test_every_role_variable_is_in_the_variables_reference():
                 cells = re.match(r"[^|]+ \| (`[^`]*`)? \| (\w*) \|", roles[role].split(row, 1)[1])
                 assert cells, f"{role}: {name}"
                 assert cells[2] == ("yes" if option.get("required") else "no"), f"{role}: {name}"
+            # The entry point names what it reads, each a link to the role's one row of it.
+            section = page.split(f"### {role}: {entry_point}\n", 1)[1].split("\n#", 1)[0]
+            names = re.findall(r"\[`(\w+)`\]\(#\1\)", section)
+            assert names == list(spec.get("options") or {}), f"{role}: {entry_point}"
+    # Each variable is anchored once, however many entry points read it.
+    anchors = re.findall(r'<a id="(\w+)"></a>', page)
+    assert len(anchors) == len(set(anchors))
 
 
 def _commands(parser, words):

@@ -1,4 +1,7 @@
-"""Roles talk through declared interfaces: a role's `__<role>_*` names are its own, and no
+"""Roles talk through declared interfaces. Each entry point's argument spec declares exactly
+the role's variables it reads (tests/role_reads.py finds them); the entry point that checks
+a role's values in play 1 declares every variable any of its entry points reads, so a bad
+value is refused before anything changes. A role's `__<role>_*` names are its own, and no
 other role, template or playbook reads them. The reads that remain from before the
 collection's redesign are recorded, file by file, in tests/fixtures/foreign-private-names.yml;
 the record only shrinks. A new reach-in fails here, naming the file, the role and the name
@@ -13,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from .playbooks import REPO
+from .role_reads import entry_point_reads, names_in, used_entry_points
 
 RECORD = REPO / "tests/fixtures/foreign-private-names.yml"
 ROLES = sorted((path.name for path in (REPO / "roles").iterdir() if path.is_dir()), key=len)
@@ -76,3 +80,63 @@ def test_the_scan_sees_a_reach_in_and_names_its_owner():
     assert owner_of_name("socketwise_plan") is None
     text = "{{ __vllm_service_api_key }} {{ __benchmark_dir }} {{ x.__vllm_y }} a__cluster_b"
     assert {owner_of_name(name) for name in PRIVATE.findall(text)} == {"vllm_service", "benchmark"}
+
+
+# The entry point that checks a role's values in play 1 (playbooks/check.yml), before any
+# other of its entry points runs anywhere.
+CHECKS = {"vllm_service": "values", "cluster": "check", "host_tuning": "decide",
+          "vllm": "prepare", "monitor": "preflight"}  # fmt: skip
+
+
+def specs(role: str) -> dict[str, dict]:
+    path = REPO / "roles" / role / "meta" / "argument_specs.yml"
+    return yaml.safe_load(path.read_text())["argument_specs"]
+
+
+def inventory_variables(role: str) -> set[str]:
+    """ROLE's variables an inventory sets (defaults/main.yml gives each a value), unlike an
+    entry point's parameters, which its caller binds."""
+    return set(yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {})
+
+
+def expected_options(role: str, entry_point: str) -> set[str]:
+    reads = set(entry_point_reads(role, entry_point))
+    if CHECKS.get(role) == entry_point:
+        for other in used_entry_points()[role] | set(specs(role)):
+            reads |= entry_point_reads(role, other) & inventory_variables(role)
+    return reads
+
+
+def test_every_entry_point_declares_exactly_the_variables_it_reads():
+    wrong = []
+    for role, entry_points in used_entry_points().items():
+        declared_specs = specs(role)
+        for entry_point in sorted(entry_points | set(declared_specs)):
+            if entry_point not in declared_specs:
+                wrong.append(f"roles/{role}: tasks_from {entry_point} has no argument spec")
+                continue
+            declared = set(declared_specs[entry_point].get("options") or {})
+            expected = expected_options(role, entry_point)
+            wrong += [f"roles/{role}: {entry_point} reads {name}: declare it in its argument spec"
+                      for name in sorted(expected - declared)]  # fmt: skip
+            wrong += [f"roles/{role}: {entry_point} declares {name} but never reads it: take it out"
+                      for name in sorted(declared - expected)]  # fmt: skip
+    assert wrong == []
+
+
+def test_the_read_scan_follows_includes_templates_defaults_and_typed_values(tmp_path):
+    # A bare condition, a typed value, another host's value, a loop variable bound by the
+    # task, a name a template sets itself, and quoted alternatives of an include.
+    assert names_in("x_a is defined and __r_typed.x_b", bare=True) == {"x_a", "x_b"}
+    assert names_in("{{ hostvars[h]['x_c'] + hostvars[h].x_d }}") >= {"x_c", "x_d", "h"}
+    assert names_in("{% set y = 1 %}{% for i in x_e %}{{ i + y }}{% endfor %}") == {"x_e"}
+    # The kit's own roles: an entry point's includes, the templates its tasks render and the
+    # definitions of vars/ those reach.
+    assert "vllm_service_queue_timeout" in entry_point_reads(
+        "vllm_service", "main"
+    )  # haproxy.cfg.j2
+    assert "vllm_service_request_timeout" in entry_point_reads("vllm_service", "fleet-drain")
+    assert "vllm_service_tls_names" not in entry_point_reads("vllm_service", "fleet-drain")
+    # deploy.yml: tasks_from "{{ 'main' if vllm_service_state ... == 'present' else 'absent' }}"
+    assert {"main", "absent"} <= used_entry_points()["cluster"]
+    assert "present" not in used_entry_points()["cluster"]

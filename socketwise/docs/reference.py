@@ -214,38 +214,35 @@ def variables_page(repo: Path) -> str:
         _GENERATED_NOTE.format(source="each role's `meta/argument_specs.yml`"),
         "",
         "Every public variable of every role, as its argument spec declares it; the role "
-        "checks them before it runs (`defaults/main.yml` holds the same defaults). "
+        "checks them before it runs (`defaults/main.yml` holds the same defaults). Each role's "
+        "table lists its variables once; each entry point (`tasks_from`) names the ones it "
+        "reads, and the one that checks the role's values in play 1 names them all. "
         "Variables that an inventory sets and no role declares are in "
         "[Inventory variables](inventory-variables.md).",
         "",
     ]
     for role, entry_points in role_specs(repo).items():
         lines += [f"## {role}", ""]
-        documented: list[tuple[str, dict]] = []
+        variables: dict[str, dict] = {}
+        for spec in entry_points.values():
+            for name, option in (spec.get("options") or {}).items():
+                variables.setdefault(name, option)
+        if variables:
+            lines += [
+                "| Variable | Type | Default | Required | Choices | Description |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
+            lines += [_variable_row(name, option) for name, option in variables.items()]
+            lines.append("")
         for entry_point, spec in entry_points.items():
             lines += [f"### {role}: {entry_point}", ""]
             if spec.get("short_description"):
                 lines += [_ansible_markup(spec["short_description"]), ""]
             for paragraph in _as_list(spec.get("description")):
                 lines += [_ansible_markup(paragraph), ""]
-            options = spec.get("options") or {}
-            same = next((name for name, seen in documented if seen == options), None)
-            if same is not None:
-                lines += [
-                    f"Takes the same variables as [{role}: {same}](#{_slug(role, same)}).",
-                    "",
-                ]
-                continue
-            documented.append((entry_point, options))
-            if not options:
-                lines += ["Takes no variables.", ""]
-                continue
-            lines += [
-                "| Variable | Type | Default | Required | Choices | Description |",
-                "| --- | --- | --- | --- | --- | --- |",
-            ]
-            lines += [_variable_row(name, option) for name, option in options.items()]
-            lines.append("")
+            names = list(spec.get("options") or {})
+            reads = ", ".join(f"[`{name}`](#{name})" for name in names)
+            lines += [f"Reads {reads}." if names else "Takes no variables.", ""]
     return "\n".join(lines)
 
 
@@ -261,11 +258,6 @@ def _variable_row(name: str, option: dict) -> str:
     required = "yes" if option.get("required") else "no"
     cells = [f'<a id="{name}"></a>`{name}`', kind, default, required, choices, description]
     return "| " + " | ".join(cells) + " |"
-
-
-def _slug(role: str, entry_point: str) -> str:
-    """The anchor Python-Markdown's toc gives the heading `role: entry_point`."""
-    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", f"{role}: {entry_point}")).lower()
 
 
 def _as_list(value) -> list[str]:
