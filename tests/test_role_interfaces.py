@@ -140,3 +140,14 @@ def test_the_read_scan_follows_includes_templates_defaults_and_typed_values(tmp_
     # deploy.yml: tasks_from "{{ 'main' if vllm_service_state ... == 'present' else 'absent' }}"
     assert {"main", "absent"} <= used_entry_points()["cluster"]
     assert "present" not in used_entry_points()["cluster"]
+
+
+def test_each_role_says_its_job_and_names_each_entry_point_in_its_readme():
+    for role in used_entry_points():
+        readme = REPO / "roles" / role / "README.md"
+        assert readme.exists(), f"roles/{role} has no README.md"
+        text = readme.read_text()
+        job = text.split("\n\n")[1]
+        assert job.count(". ") == 0 and job.endswith("."), f"roles/{role}: its job in one sentence"
+        missing = [entry for entry in specs(role) if f"- `{entry}` (" not in text]
+        assert missing == [], f"roles/{role}/README.md names no entry point {missing}"
