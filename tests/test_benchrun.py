@@ -319,6 +319,13 @@ def test_the_lab_inventory_puts_load_generators_in_their_group(tmp_path):
     # deploy.yml and the sweep serve on the others only.
     assert sweep.served_hosts(inventory) == ["lab1", "lab2"]
     assert sweep.served_hosts(lab.write_inventory(machines, tmp_path)) == ["lab1", "lab2", "lab3"]
+    # Nor a fleet door or a monitor: a sweep counts the hosts it serves on.
+    door = tmp_path / "door.yml"
+    door.write_text(
+        "all:\n  hosts:\n    lab1:\n  children:\n    socketwise_frontdoor:\n      hosts:\n"
+        "        door1:\n    socketwise_monitor:\n      hosts:\n        mon1:\n"
+    )
+    assert sweep.served_hosts(door) == ["lab1"]
 
 
 def test_a_step_s_own_seed_picks_its_prompts_with_either_tool(tmp_path):

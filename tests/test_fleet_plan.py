@@ -171,3 +171,16 @@ def test_the_fleet_door_counts_a_host_as_taking_its_certificate_once_it_has_the_
     }
     trusting = fleet_filters()["fleet_trusting"]
     assert trusting(list(hostvars), hostvars) == ["copied", "had"]
+
+
+def test_the_hosts_that_serve_are_all_but_load_generators_fleet_doors_and_monitors():
+    groups = {
+        "all": ["b", "door", "a", "mon", "gen", "c"],
+        "socketwise_frontdoor": ["door"],
+        "socketwise_monitor": ["mon"],
+        "socketwise_loadgen": ["gen"],
+        "ungrouped": ["b"],
+    }
+    # In the inventory's order: rollout.yml's batches follow it.
+    assert fleet.serving_hosts(groups) == ["b", "a", "c"]
+    assert fleet.serving_hosts({"all": ["a"]}) == ["a"]

@@ -1,12 +1,16 @@
 """The filters `socketwise.kit.fleet_servers`, where the fleet front door reaches each host,
-`socketwise.kit.fleet_sources`, the addresses a host's door sees the fleet door come from, and
-`socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate."""
+`socketwise.kit.fleet_sources`, the addresses a host's door sees the fleet door come from,
+`socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate, and
+`socketwise.kit.serving_hosts`, the hosts that serve (`groups | socketwise.kit.serving_hosts`)."""
 
 import ipaddress
 
 from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
     NotConverted,
     convert,
+)
+from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
+    serving_hosts,
 )
 
 WILDCARDS = ("0.0.0.0", "::")
@@ -90,4 +94,5 @@ class FilterModule:
             "fleet_servers": socketwise_fleet_servers,
             "fleet_sources": socketwise_fleet_sources,
             "fleet_trusting": socketwise_fleet_trusting,
+            "serving_hosts": serving_hosts,
         }

@@ -53,6 +53,7 @@ from socketwise.measure.sweep import (
 )
 from socketwise.measure.sweepcli import numbers, positive, report_at_end
 from socketwise.plan import calibrated
+from socketwise.plan.fleet import serving_hosts
 from socketwise.plan.nodes import default_reserve_cores
 
 # Cores kept for the front end that a calibration tries, where the node has them.
@@ -63,7 +64,6 @@ METRICS = (("output_tok_s", True), ("ttft_p50_ms", False), ("tpot_p50_ms", False
 # fall behind and the kit still count as never losing to plain vLLM.
 BAR = 0.95
 # Groups whose hosts serve nothing (group_of_class leaves them out of a class's group).
-NOT_SERVING = (LOADGEN_GROUP, "socketwise_frontdoor", "socketwise_monitor")
 CALIBRATION_JSON = "calibration.json"
 # The crossover search's layouts: the chosen SN, and DP.
 SEARCH = ("sn", "dp")
@@ -115,9 +115,7 @@ def targets(inventory: Path, survey_dir: Path, limit: str | None) -> list[Target
         if not chosen:
             raise CalibrateError(f"--limit {limit}: names no host of {inventory}")
     groups = _group_hosts(read_inventory(inventory))
-    serving = groups.get("all", set()) - set().union(
-        *(groups.get(name, set()) for name in NOT_SERVING)
-    )
+    serving = set(serving_hosts(groups))
     folder = inventory if inventory.is_dir() else inventory.parent
     found = []
     for described in fleet["classes"]:

@@ -32,6 +32,7 @@ from socketwise.measure.rundir import (
     write_csv,
 )
 from socketwise.measure.runner import SweepError, read_inventory, run_playbook
+from socketwise.plan.fleet import serving_hosts
 
 # The benchmark role's per-step task, whose loop items mark the sweep's progress.
 STEP_TASK = "Run step"
@@ -121,13 +122,17 @@ class Profile:
 
 
 def served_hosts(inventory: Path) -> list[str]:
-    """The inventory's hosts outside the load-generator group socketwise_loadgen."""
+    """The inventory's hosts that serve (`serving_hosts`: not its load generators, fleet
+    doors or monitors), by name."""
     groups = read_inventory(inventory)
-    every = set(groups.get("_meta", {}).get("hostvars", {}))
-    every |= {
-        h for group in groups.values() if isinstance(group, dict) for h in group.get("hosts", [])
+    members = {
+        name: group.get("hosts", [])
+        for name, group in groups.items()
+        if isinstance(group, dict) and name != "_meta"
     }
-    return sorted(every - set(groups.get(LOADGEN_GROUP, {}).get("hosts", [])))
+    every = set(groups.get("_meta", {}).get("hostvars", {}))
+    every |= {host for hosts in members.values() for host in hosts}
+    return serving_hosts(members | {"all": sorted(every)})
 
 
 def _bench(

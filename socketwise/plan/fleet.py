@@ -8,9 +8,22 @@ and writes the summary as `fleet-plan.json`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..facts.files import format_cpulist
+
+# Hosts of these groups serve nothing: load generators, fleet front doors and monitors.
+NOT_SERVING = ("socketwise_loadgen", "socketwise_frontdoor", "socketwise_monitor")
+
+
+def serving_hosts(groups: Mapping[str, Iterable[str]]) -> list[str]:
+    """The hosts that serve a model, in the inventory's order: every host of `all` in none
+    of the NOT_SERVING groups. The one place the kit decides it: the plays that plan, tune,
+    serve and roll out, the fleet door's servers, the monitor's targets and calibrate read
+    it (through the filter `socketwise.kit.serving_hosts` in Ansible)."""
+    idle = set().union(*(groups.get(name) or () for name in NOT_SERVING))
+    return [host for host in groups.get("all") or () if host not in idle]
 
 
 def shape(plan: dict) -> dict:
