@@ -11,7 +11,7 @@ import yaml
 
 from .playbooks import REPO, run_playbook
 
-LEAVE_OUT = "Leave clusters to deploy.yml"
+LEAVE_OUT = "Choose the hosts to roll, leaving clusters to deploy.yml"
 BATCHES = "Roll out the new release, batch by batch"
 INVENTORY = {
     "all": {
