@@ -148,9 +148,19 @@ def template_reads(path: Path) -> frozenset[str]:
     return frozenset(found)
 
 
+def template_files(path: Path) -> set[Path]:
+    """PATH and the templates it includes, followed to the end."""
+    found = {path}
+    for included in meta.find_referenced_templates(_ENV.parse(path.read_text())):
+        if included and (sibling := path.parent / included).exists():
+            found |= template_files(sibling)
+    return found
+
+
 @dataclass
 class _Walk:
     role: str
+    rendered: set[Path] = field(default_factory=set)
     reads: set[str] = field(default_factory=set)
     sets: set[str] = field(default_factory=set)
     notified: set[str] = field(default_factory=set)
@@ -187,6 +197,7 @@ class _Walk:
             elif action == "template":
                 for path in template_paths(self.role, value["src"]):
                     self.reads |= template_reads(path) - local
+                    self.rendered |= template_files(path)
             elif key == "register":
                 self.sets.add(value)
             elif key == "notify":
@@ -211,6 +222,19 @@ def public_of(role: str, names: set[str]) -> set[str]:
         name for name in names
         if name.startswith(f"{role}_") and not any(name.startswith(f"{other}_") for other in longer)
     }  # fmt: skip
+
+
+@cache
+def renderers() -> dict[Path, frozenset[str]]:
+    """{template: the roles whose tasks render it, or a template it is included in}."""
+    found: dict[Path, set[str]] = {}
+    for role in ROLES:
+        walk = _Walk(role)
+        for path in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
+            walk.file(path.name)
+        for path in walk.rendered:
+            found.setdefault(path, set()).add(role)
+    return {path: frozenset(roles) for path, roles in found.items()}
 
 
 @cache

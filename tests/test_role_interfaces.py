@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from .playbooks import REPO
-from .role_reads import entry_point_reads, names_in, used_entry_points
+from .role_reads import entry_point_reads, names_in, renderers, used_entry_points
 
 RECORD = REPO / "tests/fixtures/foreign-private-names.yml"
 ROLES = sorted((path.name for path in (REPO / "roles").iterdir() if path.is_dir()), key=len)
@@ -39,15 +39,18 @@ def scanned_files() -> list[Path]:
 
 def foreign_reads() -> dict[str, list[str]]:
     """For each file, the private names of other roles it reads. A file under roles/R owns
-    R's names; templates/, playbooks/ and molecule/ own none."""
+    R's names; a template, the names of the roles that render it (a role's name read in
+    a template another role renders too is that role's reach-in, where it sets it);
+    playbooks/ and molecule/ own none."""
     found: dict[str, list[str]] = {}
+    rendering = renderers()
     for path in scanned_files():
         relative = path.relative_to(REPO)
-        mine = relative.parts[1] if relative.parts[0] == "roles" else None
+        mine = {relative.parts[1]} if relative.parts[0] == "roles" else set(rendering.get(path, ()))
         names = {
             f"__{name}"
             for name in PRIVATE.findall(path.read_text())
-            if owner_of_name(name) not in (None, mine)
+            if owner_of_name(name) is not None and owner_of_name(name) not in mine
         }
         if names:
             found[str(relative)] = sorted(names)
