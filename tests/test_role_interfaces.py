@@ -88,7 +88,7 @@ def test_the_scan_sees_a_reach_in_and_names_its_owner():
 # The entry point that checks a role's values in play 1 (playbooks/check.yml), before any
 # other of its entry points runs anywhere.
 CHECKS = {"vllm_service": "values", "cluster": "check", "host_tuning": "decide",
-          "vllm": "prepare", "monitor": "preflight"}  # fmt: skip
+          "vllm": "prepare", "monitor": "preflight", "rollout": "check"}  # fmt: skip
 
 
 def specs(role: str) -> dict[str, dict]:
