@@ -94,3 +94,56 @@ def test_the_fleet_front_door_still_lists_every_serving_host(rollout):
     fleet = "Keep the fleet front door over every serving host"
     assert reached(rollout.output)[fleet] == {"lb-01"}
     assert "fleet servers head-01,single-01,single-02,worker-01" in rollout.output
+
+
+def test_a_hosts_record_has_every_key_the_reference_names_read_from_vllm_services_outputs(
+    tmp_path,
+):
+    """The rollout role's record (roles/rollout/tasks/record.yml) of a rolled host, from
+    what vllm_service's entry points publish: every key docs/reference/rollout-summary.md
+    names, each value read from its output."""
+    published = {
+        "vllm_service_serving_release": {"id": "sn-new"},
+        "vllm_service_restart_seconds": {"sn": 12.5},
+        "vllm_service_restart_log": [{"instance": "sn", "left": 1.0, "back": 2.0}],
+        "vllm_service_completions": {"results": [{"json": {"usage": {"completion_tokens": 8}}}]},
+        "vllm_service_affinity": {"problems": ["sn: cores 0-1, planned 0"]},
+    }
+    rolled = {
+        "__rollout_entry": {"host": "localhost", "started": "2026-12-04T00:00:00+00:00"},
+        "__rollout_steps": [{"step": "install", "started": 1.0, "seconds": 2.0}],
+        "__rollout_needed": True,
+        "__rollout_before": {"id": "sn-old"},
+    }
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": {"socketwise_artifacts_dir": str(tmp_path)},
+            "tasks": [
+                {"ansible.builtin.file": {"path": str(tmp_path / "rollout"), "state": "directory"}},
+                {"ansible.builtin.set_fact": published | rolled},
+                {"ansible.builtin.include_role": {"name": "rollout", "tasks_from": "record"}},
+            ],
+        }
+    ]
+    (tmp_path / "record.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    done = run_playbook(str(tmp_path / "record.yml"), "-i", "inventories/local/hosts.yml")
+    assert done.returncode == 0, done.output[-3000:]
+    summary = yaml.safe_load((tmp_path / "rollout-summary.json").read_text())
+    [host] = summary["hosts"]
+    reference = (REPO / "docs/reference/rollout-summary.md").read_text()
+    for key in [*host, *host["gate"]]:
+        assert f'"{key}"' in reference, f"{key} is not in the rollout-summary reference"
+    assert set(host) == {"host", "started", "ended", "changed", "batch", "release_before",
+                         "release_after", "steps", "gate", "rolled_back", "failed_step",
+                         "reason"}  # fmt: skip
+    assert (host["release_before"], host["release_after"]) == ("sn-old", "sn-new")
+    assert host["gate"] == {
+        "restart_to_ready_seconds": {"sn": 12.5},
+        "completion_tokens": [8],
+        "placement_problems": ["sn: cores 0-1, planned 0"],
+        "instance_restarts": [{"instance": "sn", "left": 1.0, "back": 2.0}],
+        "bench": None,
+    }
+    assert (host["changed"], host["rolled_back"], host["reason"]) == (True, False, "rolled out")
