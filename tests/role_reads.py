@@ -249,9 +249,9 @@ def outputs(role: str) -> frozenset[str]:
 
 
 @cache
-def entry_point_reads(role: str, entry_point: str) -> frozenset[str]:
-    """The public variables of ROLE that ENTRY_POINT reads and is given (not those the
-    role publishes itself)."""
+def reached_names(role: str, entry_point: str) -> frozenset[str]:
+    """Every variable ENTRY_POINT of ROLE reads that it does not set itself, its role's
+    `defaults/` and `vars/` definitions followed to the names they read."""
     walk = _Walk(role)
     walk.file(entry_point)
     walk.handlers()
@@ -264,7 +264,26 @@ def entry_point_reads(role: str, entry_point: str) -> frozenset[str]:
         if name not in reached:
             reached.add(name)
             todo += names_in(definitions.get(name))
-    return frozenset(public_of(role, reached) - outputs(role))
+    return frozenset(reached)
+
+
+@cache
+def entry_point_reads(role: str, entry_point: str) -> frozenset[str]:
+    """The public variables of ROLE that ENTRY_POINT reads and is given (not those the
+    role publishes itself)."""
+    return frozenset(public_of(role, set(reached_names(role, entry_point))) - outputs(role))
+
+
+def foreign_inputs(role: str, entry_point: str) -> frozenset[str]:
+    """The inputs of other roles that ENTRY_POINT reads (`vllm_service_metrics_port` read
+    by the monitor): public names of another role that it does not publish."""
+    reached = set(reached_names(role, entry_point))
+    return frozenset(
+        name
+        for other in ROLES
+        if other != role
+        for name in public_of(other, reached) - outputs(other)
+    )
 
 
 @cache

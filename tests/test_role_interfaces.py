@@ -16,9 +16,16 @@ from pathlib import Path
 import yaml
 
 from .playbooks import REPO
-from .role_reads import entry_point_reads, names_in, renderers, used_entry_points
+from .role_reads import (
+    entry_point_reads,
+    foreign_inputs,
+    names_in,
+    renderers,
+    used_entry_points,
+)
 
 RECORD = REPO / "tests/fixtures/foreign-private-names.yml"
+INPUTS_RECORD = REPO / "tests/fixtures/foreign-inputs.yml"
 ROLES = sorted((path.name for path in (REPO / "roles").iterdir() if path.is_dir()), key=len)
 # A private name, not part of a longer word or a dotted attribute.
 PRIVATE = re.compile(r"(?<![\w.])__([a-z][a-z0-9_]*)")
@@ -154,3 +161,41 @@ def test_each_role_says_its_job_and_names_each_entry_point_in_its_readme():
         assert job.count(". ") == 0 and job.endswith("."), f"roles/{role}: its job in one sentence"
         missing = [entry for entry in specs(role) if f"- `{entry}` (" not in text]
         assert missing == [], f"roles/{role}/README.md names no entry point {missing}"
+
+
+def undeclared_foreign_inputs() -> dict[str, list[str]]:
+    """{"ROLE: ENTRY_POINT": the inputs of other roles it reads and its spec does not
+    declare}: where a role still reads another role's input instead of a declared output."""
+    found = {}
+    for role, entry_points in used_entry_points().items():
+        for entry_point in sorted(entry_points):
+            declared = set(specs(role).get(entry_point, {}).get("options") or {})
+            names = foreign_inputs(role, entry_point) - declared
+            if names:
+                found[f"{role}: {entry_point}"] = sorted(names)
+    return found
+
+
+def test_no_entry_point_reads_another_roles_inputs_beyond_the_shrinking_record():
+    """An entry point that reads another role's input (the monitor reading
+    vllm_service_metrics_port) depends on that role's inputs, not on what it publishes.
+    Those that remain are recorded in tests/fixtures/foreign-inputs.yml, which only
+    shrinks: a new one fails here (read a declared output of that role instead), and one
+    that is gone fails until it leaves the record."""
+    recorded = yaml.safe_load(INPUTS_RECORD.read_text()) or {}
+    found = undeclared_foreign_inputs()
+    new = [
+        f"{entry} reads the input {name} of another role: "
+        "read a declared output of that role instead"
+        for entry, names in found.items()
+        for name in names
+        if name not in recorded.get(entry, [])
+    ]
+    assert new == []
+    gone = [
+        f"{entry} no longer reads {name}: take it out of {INPUTS_RECORD.relative_to(REPO)}"
+        for entry, names in recorded.items()
+        for name in names
+        if name not in found.get(entry, [])
+    ]
+    assert gone == []
