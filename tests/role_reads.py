@@ -139,22 +139,21 @@ def template_paths(role: str, source: str) -> list[Path]:
 
 
 @cache
-def template_reads(path: Path) -> frozenset[str]:
-    ast = _ENV.parse(path.read_text())
-    found = _names(ast)
-    for included in meta.find_referenced_templates(ast):
-        if included and (sibling := path.parent / included).exists():
-            found |= template_reads(sibling)
-    return frozenset(found)
-
-
-def template_files(path: Path) -> set[Path]:
+def template_files(path: Path) -> frozenset[Path]:
     """PATH and the templates it includes, followed to the end."""
     found = {path}
     for included in meta.find_referenced_templates(_ENV.parse(path.read_text())):
         if included and (sibling := path.parent / included).exists():
             found |= template_files(sibling)
-    return found
+    return frozenset(found)
+
+
+@cache
+def template_reads(path: Path) -> frozenset[str]:
+    """What PATH and the templates it includes read."""
+    return frozenset().union(
+        *(_names(_ENV.parse(file.read_text())) for file in template_files(path))
+    )
 
 
 @dataclass
@@ -225,14 +224,20 @@ def public_of(role: str, names: set[str]) -> set[str]:
 
 
 @cache
+def _whole_role(role: str) -> _Walk:
+    """A walk of every task file of ROLE."""
+    walk = _Walk(role)
+    for path in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
+        walk.file(path.name)
+    return walk
+
+
+@cache
 def renderers() -> dict[Path, frozenset[str]]:
     """{template: the roles whose tasks render it, or a template it is included in}."""
     found: dict[Path, set[str]] = {}
     for role in ROLES:
-        walk = _Walk(role)
-        for path in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
-            walk.file(path.name)
-        for path in walk.rendered:
+        for path in _whole_role(role).rendered:
             found.setdefault(path, set()).add(role)
     return {path: frozenset(roles) for path, roles in found.items()}
 
@@ -241,10 +246,7 @@ def renderers() -> dict[Path, frozenset[str]]:
 def outputs(role: str) -> frozenset[str]:
     """ROLE's public names that the role sets itself (in vars/ or by set_fact) and no
     default gives: what it publishes, not what it is given (and may normalise)."""
-    walk = _Walk(role)
-    for path in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
-        walk.file(path.name)
-    published = set(_definitions(role, "vars")) | walk.sets
+    published = set(_definitions(role, "vars")) | _whole_role(role).sets
     return frozenset(public_of(role, published) - set(_definitions(role, "defaults")))
 
 

@@ -64,23 +64,28 @@ def foreign_reads() -> dict[str, list[str]]:
     return found
 
 
+def beyond_record(found: dict[str, list[str]], record: Path) -> tuple[list, list[str]]:
+    """What FOUND holds that the shrinking RECORD does not, as (key, name) pairs, and a
+    line for each recorded name no longer found (take it out of the record)."""
+    recorded = yaml.safe_load(record.read_text()) or {}
+    new = [(key, name) for key, names in found.items() for name in names
+           if name not in recorded.get(key, [])]  # fmt: skip
+    gone = [
+        f"{key} no longer reads {name}: take it out of {record.relative_to(REPO)}"
+        for key, names in recorded.items()
+        for name in names
+        if name not in found.get(key, [])
+    ]
+    return new, gone
+
+
 def test_no_file_reads_another_roles_private_names_beyond_the_shrinking_record():
-    recorded = yaml.safe_load(RECORD.read_text()) or {}
-    found = foreign_reads()
-    new = [
+    new, gone = beyond_record(foreign_reads(), RECORD)
+    assert [
         f"{path} reads {owner_of_name(name[2:])}'s private {name}: read a declared output "
         "of that role (its argument spec or a documented fact) instead"
-        for path, names in found.items()
-        for name in names
-        if name not in recorded.get(path, [])
-    ]
-    assert new == []
-    gone = [
-        f"{path} no longer reads {name}: take it out of {RECORD.relative_to(REPO)}"
-        for path, names in recorded.items()
-        for name in names
-        if name not in found.get(path, [])
-    ]
+        for path, name in new
+    ] == []
     assert gone == []
 
 
@@ -182,20 +187,10 @@ def test_no_entry_point_reads_another_roles_inputs_beyond_the_shrinking_record()
     Those that remain are recorded in tests/fixtures/foreign-inputs.yml, which only
     shrinks: a new one fails here (read a declared output of that role instead), and one
     that is gone fails until it leaves the record."""
-    recorded = yaml.safe_load(INPUTS_RECORD.read_text()) or {}
-    found = undeclared_foreign_inputs()
-    new = [
+    new, gone = beyond_record(undeclared_foreign_inputs(), INPUTS_RECORD)
+    assert [
         f"{entry} reads the input {name} of another role: "
         "read a declared output of that role instead"
-        for entry, names in found.items()
-        for name in names
-        if name not in recorded.get(entry, [])
-    ]
-    assert new == []
-    gone = [
-        f"{entry} no longer reads {name}: take it out of {INPUTS_RECORD.relative_to(REPO)}"
-        for entry, names in recorded.items()
-        for name in names
-        if name not in found.get(entry, [])
-    ]
+        for entry, name in new
+    ] == []
     assert gone == []
