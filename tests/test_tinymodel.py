@@ -53,10 +53,10 @@ BUILDER_PLAY = """
         name: vllm
         tasks_from: venv
       vars:
-        __vllm_venv_path: "{{{{ __vllm_builder_venv }}}}"
-        __vllm_venv_wheelhouse: "{{{{ __vllm_wheelhouse }}}}"
-        __vllm_venv_python: "{{{{ ansible_playbook_python }}}}"
-        __vllm_venv_uv: "{{{{ ansible_playbook_python | dirname }}}}/uv"
+        vllm_venv_dir: "{{{{ __vllm_builder_venv }}}}"
+        vllm_venv_wheelhouse: "{{{{ __vllm_wheelhouse }}}}"
+        vllm_venv_python: "{{{{ ansible_playbook_python }}}}"
+        vllm_venv_uv: "{{{{ ansible_playbook_python | dirname }}}}/uv"
 """
 
 

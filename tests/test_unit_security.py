@@ -208,11 +208,11 @@ def rendered(tmp_path_factory) -> Rendered:
         "vllm_served_name": "tiny-llama",
         "vllm_service_api_key": "sk-" + "k" * 32,
         # Facts of the vllm role's prepare and main tasks.
-        "__vllm_host_build": {"id": "0123456789ab"},
-        "__vllm_account": {"uid": 998, "group": 998},
+        "vllm_build": {"id": "0123456789ab"},
+        "vllm_user_uid": 998,
         "__vllm_service_engine_group_made": {"gid": ENGINE_GID},
         "__cluster_engine_group_made": {"gid": ENGINE_GID},
-        "__vllm_host_image": {"tag": "localhost/socketwise-vllm:avx2-0123456789ab"},
+        "vllm_image": {"tag": "localhost/socketwise-vllm:avx2-0123456789ab"},
         # Facts of the cluster role's check and llamacpp tasks.
         "socketwise_cluster": "c1",
         "socketwise_cluster_head": "head",
