@@ -258,6 +258,60 @@ def test_a_secret_never_shows_in_its_refusal(inventory):
     assert secret not in run.output
 
 
+KEYS_PLAY = """
+- name: Check the values as play 1 does, then say which keys the doors take
+  hosts: all
+  gather_facts: false
+  # check.yml's play has the vllm role's defaults too: it imports that role later.
+  vars_files:
+    - {repo}/playbooks/vars/socketwise.yml
+    - {repo}/roles/vllm/defaults/main.yml
+  tasks:
+    - name: Check the values
+      ansible.builtin.import_role:
+        name: vllm_service
+        tasks_from: values
+    - name: Write what the doors read
+      ansible.builtin.copy:
+        content: >-
+          {{ {'key': vllm_service_client_key, 'keys': vllm_service_client_keys} | to_json }}
+        dest: "{{ keys_out }}"
+        mode: "0600"
+"""
+
+
+@pytest.mark.parametrize(
+    ("given", "key", "keys"),
+    [
+        ({}, KEY, [KEY]),
+        ({"vllm_service_api_key_previous": KEY[::-1]}, KEY, [KEY, KEY[::-1]]),
+        ({"vllm_service_api_key": "", "vllm_service_listen_address": "127.0.0.1"}, "", []),
+        ({"vllm_service_api_key": "", "api_key_from_files": True}, KEY, [KEY, KEY[::-1]]),
+    ],
+    ids=["key", "rotation", "anonymous-loopback", "key-files"],
+)
+def test_the_first_play_decides_the_keys_every_door_takes(inventory, tmp_path, given, key, keys):
+    """The one place the client keys are decided (vllm_service: values): the key clients
+    send, and every key a door takes, from the values or the files on the controller."""
+    given = dict(given)
+    if given.pop("api_key_from_files", False):
+        (tmp_path / "key").write_text(KEY + "\n")
+        (tmp_path / "previous").write_text(KEY[::-1] + "\n")
+        given |= {
+            "vllm_service_api_key_file": str(tmp_path / "key"),
+            "vllm_service_api_key_previous_file": str(tmp_path / "previous"),
+        }
+    play = tmp_path / "keys.yml"
+    play.write_text(KEYS_PLAY.replace("{repo}", str(REPO)))
+    out = tmp_path / "keys.json"
+    run = run_playbook(
+        str(play), "-i", str(inventory), "-e", json.dumps(given | {"keys_out": str(out)})
+    )
+    assert run.returncode == 0, run.output[-3000:]
+    assert json.loads(out.read_text()) == {"key": key, "keys": keys}
+    assert KEY not in run.output
+
+
 def test_a_number_that_does_not_convert_names_the_variable_and_the_value(inventory):
     run = check(inventory, "vllm_service_restart_sec=ten")
     assert run.returncode != 0

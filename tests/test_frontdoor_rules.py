@@ -351,6 +351,9 @@ def render(
         "vllm_service_node_exporter_port": backend_port,
         "vllm_service_fleet_port": ports["fleet"],
         "vllm_service_api_key": KEY,
+        # As roles/vllm_service/tasks/values.yml publishes them, from the key variables.
+        "vllm_service_client_key": "{{ __vllm_service_api_key }}",
+        "vllm_service_client_keys": "{{ __vllm_service_client_keys }}",
         "vllm_service_max_body_bytes": MAX_BODY,
         "socketwise_plan": plan,
         "__vllm_service_lb_socket": str(directory / "host.sock"),
@@ -366,7 +369,6 @@ def render(
         "vllm_served_name": "tiny-llama",
         "__cluster_is_head": True,
         "__cluster_engine": "vllm",
-        "__cluster_api_key": KEY,
         "__cluster_api_socket": str(directory / ENGINE_SOCKET),
         "__cluster_listen_address": ADDRESS,
         "__cluster_lb_socket": str(directory / "cluster.sock"),
@@ -396,11 +398,8 @@ def render(
         "vllm_service_credentials_dir": str(renewed),
         "__vllm_service_fleet_client_ca": str(renewed / "host-ca.pem"),
     }
-    # roles/cluster/tasks/frontdoor.yml gives the rules these two.
-    cluster = {
-        "__vllm_service_routes": [route for _, route in OPENAI_ROUTES],
-        "__vllm_service_api_key": "{{ __cluster_api_key }}",
-    }
+    # roles/cluster/tasks/frontdoor.yml gives the rules this.
+    cluster = {"__vllm_service_routes": [route for _, route in OPENAI_ROUTES]}
 
     def fleet_over(name: str, **hosts: int) -> tuple[str, dict]:
         """A fleet door of its own over plain HTTP host doors, {host name: port}."""

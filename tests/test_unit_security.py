@@ -207,6 +207,8 @@ def rendered(tmp_path_factory) -> Rendered:
         "vllm_model": "/opt/socketwise/models/tiny-llama-0123456789ab",
         "vllm_served_name": "tiny-llama",
         "vllm_service_api_key": "sk-" + "k" * 32,
+        "vllm_service_client_key": "sk-" + "k" * 32,
+        "vllm_service_client_keys": ["sk-" + "k" * 32],
         # Facts of the vllm role's prepare and main tasks.
         "vllm_build": {"id": "0123456789ab"},
         "vllm_user_uid": 998,
