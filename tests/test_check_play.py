@@ -258,8 +258,8 @@ def test_a_secret_never_shows_in_its_refusal(inventory):
     assert secret not in run.output
 
 
-KEYS_PLAY = """
-- name: Check the values as play 1 does, then say which keys the doors take
+PUBLISHED_PLAY = """
+- name: Check the values as play 1 does, then write what the role publishes
   hosts: all
   gather_facts: false
   # check.yml's play has the vllm role's defaults too: it imports that role later.
@@ -271,13 +271,24 @@ KEYS_PLAY = """
       ansible.builtin.import_role:
         name: vllm_service
         tasks_from: values
-    - name: Write what the doors read
+    - name: Write what other roles read
       ansible.builtin.copy:
-        content: >-
-          {{ {'key': vllm_service_client_key, 'keys': vllm_service_client_keys} | to_json }}
-        dest: "{{ keys_out }}"
+        content: "{{ published | to_json }}"
+        dest: "{{ published_out }}"
         mode: "0600"
 """
+
+
+def published(inventory: Path, tmp_path: Path, given: dict, expression: str) -> object:
+    """EXPRESSION (Jinja) as vllm_service publishes it once its values entry point ran."""
+    play = tmp_path / "published.yml"
+    play.write_text(PUBLISHED_PLAY.replace("{repo}", str(REPO)))
+    out = tmp_path / "published.json"
+    extra = given | {"published": expression, "published_out": str(out)}
+    run = run_playbook(str(play), "-i", str(inventory), "-e", json.dumps(extra))
+    assert run.returncode == 0, run.output[-3000:]
+    assert KEY not in run.output
+    return json.loads(out.read_text())
 
 
 @pytest.mark.parametrize(
@@ -301,15 +312,23 @@ def test_the_first_play_decides_the_keys_every_door_takes(inventory, tmp_path, g
             "vllm_service_api_key_file": str(tmp_path / "key"),
             "vllm_service_api_key_previous_file": str(tmp_path / "previous"),
         }
-    play = tmp_path / "keys.yml"
-    play.write_text(KEYS_PLAY.replace("{repo}", str(REPO)))
-    out = tmp_path / "keys.json"
-    run = run_playbook(
-        str(play), "-i", str(inventory), "-e", json.dumps(given | {"keys_out": str(out)})
-    )
-    assert run.returncode == 0, run.output[-3000:]
-    assert json.loads(out.read_text()) == {"key": key, "keys": keys}
-    assert KEY not in run.output
+    decided = "{{ {'key': vllm_service_client_key, 'keys': vllm_service_client_keys} }}"
+    assert published(inventory, tmp_path, given, decided) == {"key": key, "keys": keys}
+
+
+def test_a_tls_door_is_verified_with_the_ca_that_signed_it(inventory, tmp_path):
+    """vllm_service_door_ca_file, which the benchmark's load generator verifies the door
+    with: none for plain HTTP; the kit's CA for the kit's certificate; the operator's CA
+    for the operator's certificate, or the client's system CAs without one."""
+    ca_file = "{{ vllm_service_door_ca_file }}"
+    assert published(inventory, tmp_path, {}, ca_file) == ""
+    kit = {"vllm_service_tls": True, "vllm_service_credentials_dir": str(tmp_path / "kit")}
+    assert published(inventory, tmp_path, kit, ca_file) == str(tmp_path / "kit/door-ca.pem")
+    cert, key = frontdoor.self_signed(tmp_path, HOST)
+    own = {"vllm_service_tls_cert": str(cert), "vllm_service_tls_key": str(key)}
+    assert published(inventory, tmp_path, own, ca_file) == ""
+    ca = {"vllm_service_fleet_ca_file": str(cert)}
+    assert published(inventory, tmp_path, own | ca, ca_file) == str(cert)
 
 
 def test_a_number_that_does_not_convert_names_the_variable_and_the_value(inventory):
