@@ -235,7 +235,7 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "__cluster_master_address": "10.0.0.1", "__cluster_plan_id": "0123456789ab",
         "__cluster_member_addresses": list(addresses.values()),
         "__cluster_dir": "/etc/socketwise/cluster", "vllm_user": "vllm",
-        "__vllm_service_engine_group": "socketwise-engines",
+        "vllm_service_engine_group": "socketwise-engines",
         "vllm_home": "/opt/socketwise", "vllm_venv": "/opt/socketwise/venvs/abc",
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
         "vllm_service_dtype": "", "vllm_service_environment": {},

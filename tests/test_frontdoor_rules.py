@@ -631,7 +631,7 @@ def render(
                 {
                     "name": "Give the host the certificate's CA",
                     "ansible.builtin.set_fact": {
-                        "__vllm_service_fleet_client_ca_copy": {"changed": False}
+                        "vllm_service_fleet_client_ca_copy": {"changed": False}
                     },
                 },
             ]

@@ -81,7 +81,7 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_secrets_dir": "/etc/socketwise/secrets",
         "__vllm_service_limits": instance_limits(sn, sn["instances"][0]),
         "__vllm_service_engine_sockets": {"vllm-sn": "/run/socketwise-vllm-sn/api.sock"},
-        "__vllm_service_engine_group": "socketwise-engines",
+        "vllm_service_engine_group": "socketwise-engines",
     }
     numbers = {
         "vllm_service_max_model_len": None,

@@ -81,7 +81,7 @@ def socketwise_fleet_trusting(hosts, hostvars):
     trusting = []
     for host in hosts:
         found = hostvars[host]
-        copied = found.get("__vllm_service_fleet_client_ca_copy") or {}
+        copied = found.get("vllm_service_fleet_client_ca_copy") or {}
         looked = (found.get("__vllm_service_fleet_client_ca_found") or {}).get("stat") or {}
         if (copied and not copied.get("skipped")) or looked.get("exists"):
             trusting.append(host)
