@@ -328,7 +328,8 @@ def render(
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
-    others = ("anonymous", "limited", "rotating", "rotating-tls", "metrics", "host-own-keys")
+    others = ("anonymous", "limited", "cluster-limited", "rotating", "rotating-tls", "metrics")
+    others += ("host-own-keys",)
     others += ("host-pinned", "host-renewed")
     others += ("fleet-retry", "fleet-busy", "fleet-drain", *STARTED_BY_TESTS)
     others += ("engine-gone", "engine-sick", "cluster-broken")
@@ -551,6 +552,18 @@ def render(
                 "socketwise_cluster_plan": {"endpoint_port": ports["cluster-broken"]},
                 "__cluster_lb_socket": str(directory / "cluster-broken.sock"),
                 "__cluster_api_socket": str(directory / "broken.sock"),
+            },
+        ),
+        # A head's door with the host's per-client limits, and the same exempt address.
+        "cluster-limited": (
+            "cluster-haproxy.cfg.j2",
+            cluster
+            | {
+                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-limited"]},
+                "__cluster_lb_socket": str(directory / "cluster-limited.sock"),
+                "vllm_service_client_max_connections": LIMITS["connections"],
+                "vllm_service_client_max_rate": LIMITS["rate"],
+                "vllm_service_client_limit_exempt": [EXEMPT],
             },
         ),
         "cluster-tls": (
@@ -1428,20 +1441,19 @@ def logged(front: FrontDoors, door: str, probe: str, count: int = 1) -> list[tup
     return found
 
 
-def test_a_client_past_its_request_rate_gets_429_and_no_other_client_does(front):
+@pytest.mark.parametrize("door", ["limited", "cluster-limited"])
+def test_a_client_past_its_request_rate_gets_429_and_no_other_client_does(front, door):
     limit = LIMITS["rate"] * 10  # requests in 10 s
-    statuses = [send(front, "limited", "GET", "/health", source="127.0.0.3") for _ in range(limit)]
+    statuses = [send(front, door, "GET", "/health", source="127.0.0.3") for _ in range(limit)]
     assert [outcome.status for outcome in statuses] == [200] * limit
-    over = send(front, "limited", "GET", "/health", source="127.0.0.3")
+    over = send(front, door, "GET", "/health", source="127.0.0.3")
     assert (over.status, over.reached) == (429, [])
     # The key does not lift the limit; another client is not held to this one's count.
-    assert (
-        send(front, "limited", "GET", "/v1/models", bearer(KEY), source="127.0.0.3").status == 429
-    )
-    assert send(front, "limited", "GET", "/health", source="127.0.0.4").status == 200
+    assert send(front, door, "GET", "/v1/models", bearer(KEY), source="127.0.0.3").status == 429
+    assert send(front, door, "GET", "/health", source="127.0.0.4").status == 200
     # The exempt address (a fleet door's) has no limit.
     for _ in range(limit + 5):
-        assert send(front, "limited", "GET", "/health", source=EXEMPT).status == 200
+        assert send(front, door, "GET", "/health", source=EXEMPT).status == 200
 
 
 def test_a_client_past_its_open_connections_gets_429(front):
