@@ -21,6 +21,8 @@ INVENTORY = {
             "single-02": {},
             "head-01": {"socketwise_cluster": "c1", "socketwise_cluster_head": "head-01"},
             "worker-01": {"socketwise_cluster": "c1", "socketwise_cluster_head": "head-01"},
+            # More single hosts, after a cluster's: the batches keep the inventory's order.
+            **{f"single-0{n}": {} for n in range(3, 8)},
         },
         "children": {
             "socketwise_frontdoor": {"hosts": {"lb-01": {}}},
@@ -29,6 +31,9 @@ INVENTORY = {
         },
     }
 }
+
+
+SINGLES = [host for host in INVENTORY["all"]["hosts"] if host.startswith("single-")]
 
 
 def stand_in(play: dict) -> dict:
@@ -83,17 +88,25 @@ def test_the_record_and_the_batches_reach_only_hosts_outside_clusters(rollout):
     # Not the fleet door, the load generator or the monitor either: they serve nothing
     # (a monitor host in a batch had no plan to roll, and failed the rollout).
     plays = reached(rollout.output)
-    assert plays["Start the rollout's record"] == {"single-01", "single-02"}
-    assert plays[BATCHES] == {"single-01", "single-02"}
+    assert plays["Start the rollout's record"] == set(SINGLES)
+    assert plays[BATCHES] == set(SINGLES)
     # Batches of one (rollout_batch's default): one per host outside a cluster, none
     # spent on (or diluted by) a cluster member.
-    assert rollout.output.count(f"PLAY [{BATCHES}]") == 2
+    assert rollout.output.count(f"PLAY [{BATCHES}]") == len(SINGLES)
+
+
+def test_the_batches_follow_the_inventorys_order(rollout):
+    # rollout_batch: 1 rolls the inventory's first serving host first (a canary is the
+    # host the operator lists first), whichever host's check came back first.
+    batches = re.findall(rf"reached (\S+) in {re.escape(BATCHES)}", rollout.output)
+    assert batches == list(SINGLES)
 
 
 def test_the_fleet_front_door_still_lists_every_serving_host(rollout):
     fleet = "Keep the fleet front door over every serving host"
     assert reached(rollout.output)[fleet] == {"lb-01"}
-    assert "fleet servers head-01,single-01,single-02,worker-01" in rollout.output
+    servers = ",".join(sorted([*SINGLES, "head-01", "worker-01"]))
+    assert f"fleet servers {servers}" in rollout.output
 
 
 def test_a_hosts_record_has_every_key_the_reference_names_read_from_vllm_services_outputs(
