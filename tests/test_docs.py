@@ -140,7 +140,7 @@ _NAME = re.compile(r"(?<![\w/.-])socketwise_[a-z0-9_]*[a-z0-9]\b")
 
 def _strings_and_kit_facts(node, strings: list[str], kit: set[str]) -> None:
     """Every string value under `node` (comments and keys are not reads), and the names
-    tasks set: set_fact and vars keys, register and group_by key values."""
+    tasks set: set_fact and vars keys, register, group_by key and add_host groups values."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key in ("set_fact", "ansible.builtin.set_fact", "vars") and isinstance(value, dict):
@@ -149,6 +149,8 @@ def _strings_and_kit_facts(node, strings: list[str], kit: set[str]) -> None:
                 kit.add(value)
             if key in ("group_by", "ansible.builtin.group_by"):
                 kit.add(value["key"])
+            if key in ("add_host", "ansible.builtin.add_host"):
+                kit.add(value["groups"])
             _strings_and_kit_facts(value, strings, kit)
     elif isinstance(node, list):
         for item in node:

@@ -499,8 +499,9 @@ MONITOR_NAMES = frozenset({"socketwise_instance", "socketwise_operation_in_progr
 
 def inventory_names_in_code(repo: Path) -> set[str]:
     """The `socketwise_*` variables and groups the kit reads but never sets itself: not a
-    fact a task sets (set_fact, vars:, register:, group_by) or a module returns. Modules
-    and filters are named socketwise.kit.*, which no `socketwise_` name matches."""
+    fact a task sets (set_fact, vars:, register:, group_by, add_host's groups) or a
+    module returns. Modules and filters are named socketwise.kit.*, which no `socketwise_`
+    name matches."""
     read = set()
     for path in _reader_files(repo):
         text = _code_of(path)
@@ -515,7 +516,9 @@ def inventory_names_in_code(repo: Path) -> set[str]:
             text = _code_of(path)
             kit_set |= set(re.findall(r"^\s*(?:-\s+)?(socketwise_\w+):", text, re.MULTILINE))
             kit_set |= set(
-                re.findall(r"^\s*(?:register|key):\s*(socketwise_\w+)\s*$", text, re.MULTILINE)
+                re.findall(
+                    r"^\s*(?:register|key|groups):\s*(socketwise_\w+)\s*$", text, re.MULTILINE
+                )
             )
     for path in repo.glob("plugins/modules/*.py"):
         kit_set |= set(re.findall(r"ansible_facts=\{\s*\"(socketwise_\w+)\"", path.read_text()))
