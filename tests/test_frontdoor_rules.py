@@ -399,8 +399,9 @@ def render(
         "vllm_service_credentials_dir": str(renewed),
         "__vllm_service_fleet_client_ca": str(renewed / "host-ca.pem"),
     }
-    # roles/cluster/tasks/frontdoor.yml gives the rules this.
-    cluster = {"__vllm_service_routes": [route for _, route in OPENAI_ROUTES]}
+    # The routes a head's door passes, as roles/cluster/vars/main.yml gives them.
+    cluster_vars = yaml.safe_load((REPO / "roles/cluster/vars/main.yml").read_text())
+    cluster = {"__cluster_routes": cluster_vars["__cluster_routes"]}
 
     def fleet_over(name: str, **hosts: int) -> tuple[str, dict]:
         """A fleet door of its own over plain HTTP host doors, {host name: port}."""

@@ -317,6 +317,7 @@ def rendered(tmp_path_factory) -> Rendered:
     )  # fmt: skip
     cpus = len(hybrid["hybrid"]["cpus_allowed"])
     expected[name] = llamacpp(hybrid, DEEPSEEK["layers"], cpus, cpus)
+    host_door = _task_vars("roles/vllm_service/tasks/render.yml", "Render the load balancer unit")
     cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
     metrics_door = _task_vars("roles/cluster/tasks/metrics.yml", "Render the metrics door's unit")
     # The head's metrics door, which its follower's address (a monitor's) may reach.
@@ -334,10 +335,10 @@ def rendered(tmp_path_factory) -> Rendered:
     tasks.append(_task(NFTABLES_DROPIN[1], NFTABLES_DROPIN[0], "head", metrics_filter))
     expected[f"head-{METRICS_FIREWALL[1][1]}"] = FIREWALL_CAP
     tasks += [
-        _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", {}),
+        _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", host_door),
         _task("socketwise-fleet.service", "socketwise-fleet.service.j2", "single", {}),
         # TLS doors, the fleet's showing hosts' TLS doors its client certificate.
-        _task("tls-socketwise-lb.service", "socketwise-lb.service.j2", "single", TLS),
+        _task("tls-socketwise-lb.service", "socketwise-lb.service.j2", "single", TLS | host_door),
         _task("tls-socketwise-fleet.service", "socketwise-fleet.service.j2", "single",
               TLS | {"__vllm_service_fleet_client": True}),
         _task("head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
