@@ -1,8 +1,9 @@
 """The figures the comparison scripts print, from a run directory made by hand
 (tests/fixtures/kit-run, whose README gives the medians): scripts/kit-vs-baseline's
 ratios to plain vLLM and scripts/roofline's share of the memory-bandwidth limit, each
-read from sweeps already made (`--from`), as a user runs them; and the search
-scripts/rollout-timing --find-rate makes over load rates."""
+read from sweeps already made (`--from`), as a user runs them; the search
+scripts/rollout-timing --find-rate makes over load rates; and that every mutation of
+scripts/mutate-templates still applies."""
 
 from __future__ import annotations
 
@@ -101,3 +102,11 @@ def test_the_rollout_rate_search_halves_towards_the_highest_rate_that_passes():
     assert tried == [8.0, 4.0, 6.0, 7.0]
     # Nothing passes: the lowest rate tried, and none that passed.
     assert timing.bisect_rate(16, 3, lambda rate: False) == (0.0, 2.0)
+
+
+def test_every_template_mutation_still_finds_its_text_once():
+    # A template edit that moves a mutation's text would leave that mutation unapplied
+    # in the next by-hand run (docs/development/testing.md): --check names it now.
+    done = script("mutate-templates", "--check")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    assert "each text found exactly once in its template" in done.stdout
