@@ -84,3 +84,32 @@ def test_every_plugin_lives_once_under_plugins_and_roles_hold_no_links():
     assert [str(p) for p in plugins if "sys.path" in p.read_text()] == []
     assert (REPO / "plugins/module_utils/socketwise").resolve() == REPO / "socketwise"
     assert (REPO / "collections/ansible_collections/socketwise/kit").resolve() == REPO
+
+
+# Run in a process of its own, as Ansible runs a task: what loading the collection's
+# filters, and then calling `typed`, imports of the core.
+_LOADED = """
+import json, sys
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+init_plugin_loader([sys.argv[1]])
+core = "ansible_collections.socketwise.kit.plugins.module_utils.socketwise."
+typed = filter_loader.get("socketwise.kit.typed")
+on_load = sorted(name for name in sys.modules if name.startswith(core))
+assert typed.j2_function({"vllm_service_tls": "yes"}) == {"vllm_service_tls": True}
+on_call = sorted(name[len(core):] for name in sys.modules if name.startswith(core))
+print(json.dumps([on_load, on_call]))
+"""
+
+
+def test_a_task_that_uses_a_filter_imports_only_the_core_that_filter_needs():
+    # Each task loads every filter file of the collection in a process of its own; the
+    # core imported at the top of them cost about 90 ms in every such task
+    # (docs/development/architecture.md).
+    done = subprocess.run(
+        [str(BIN / "python"), "-c", _LOADED, str(REPO / "collections")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    on_load, on_call = yaml.safe_load(done.stdout)
+    assert on_load == []
+    assert on_call == ["common", "common.typed"]

@@ -2,16 +2,8 @@
 who serves one (`socketwise.kit.cluster_members`, the head first), its plan, each host's servers
 and RPC endpoints, and the values its units are written with."""
 
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.cluster import (
-    ClusterRequest,
-    plan_cluster,
-)
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.planner import (
-    PlanError,
-)
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.unitvalues import (
-    cluster_value_errors,
-)
+# The core is imported inside each filter, never when the file loads: Ansible loads every
+# filter file of the collection in each task's process (docs/development/architecture.md).
 
 
 def socketwise_cluster_members(hosts, hostvars, cluster, head):
@@ -77,6 +69,14 @@ def socketwise_cluster_units(entry, head, engine="llamacpp"):
 def socketwise_cluster_plan(members, hostvars, **request):
     """{"plan": ..., "error": null} or {"plan": null, "error": ..., "field": ...}: errors
     are returned, so the role names the host and the variable in one line."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.cluster import (
+        ClusterRequest,
+        plan_cluster,
+    )
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.planner import (
+        PlanError,
+    )
+
     try:
         hosts = [(name, hostvars[name]["socketwise_topology"]) for name in members]
         return {
@@ -88,6 +88,12 @@ def socketwise_cluster_plan(members, hostvars, **request):
         return {"plan": None, "error": str(exc), "field": exc.field}
 
 
+def socketwise_cluster_value_errors(*args, **kwargs):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve import unitvalues
+
+    return unitvalues.cluster_value_errors(*args, **kwargs)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -97,5 +103,5 @@ class FilterModule:
             "cluster_rpc": socketwise_cluster_rpc,
             "cluster_plan": socketwise_cluster_plan,
             "cluster_units": socketwise_cluster_units,
-            "cluster_value_errors": cluster_value_errors,
+            "cluster_value_errors": socketwise_cluster_value_errors,
         }

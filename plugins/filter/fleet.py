@@ -5,13 +5,8 @@
 
 import ipaddress
 
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
-    NotConverted,
-    convert,
-)
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
-    serving_hosts,
-)
+# The core is imported inside each filter, never when the file loads: Ansible loads every
+# filter file of the collection in each task's process (docs/development/architecture.md).
 
 WILDCARDS = ("0.0.0.0", "::")
 
@@ -25,6 +20,11 @@ def _address(found, host, default_listen):
 def _switch(value):
     """A switch as the host's own role reads it (socketwise.common.typed); one that does
     not convert is off here, and refused by that host's first play."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
+        NotConverted,
+        convert,
+    )
+
     try:
         return bool(convert(value, "bool"))
     except NotConverted:
@@ -88,11 +88,19 @@ def socketwise_fleet_trusting(hosts, hostvars):
     return trusting
 
 
+def socketwise_serving_hosts(*args, **kwargs):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
+        serving_hosts,
+    )
+
+    return serving_hosts(*args, **kwargs)
+
+
 class FilterModule:
     def filters(self):
         return {
             "fleet_servers": socketwise_fleet_servers,
             "fleet_sources": socketwise_fleet_sources,
             "fleet_trusting": socketwise_fleet_trusting,
-            "serving_hosts": serving_hosts,
+            "serving_hosts": socketwise_serving_hosts,
         }

@@ -3,12 +3,8 @@ a monitor's Prometheus scrapes (from the inventory and this run's plans), and
 `socketwise.kit.retention_bytes`, how much of its disk it may fill, and
 `socketwise.kit.duration_seconds`, a Prometheus duration in seconds."""
 
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
-    cluster_host_plan,
-    duration_seconds,
-    retention_bytes,
-    scrape_targets,
-)
+# The core is imported inside each filter, never when the file loads: Ansible loads every
+# filter file of the collection in each task's process (docs/development/architecture.md).
 
 
 def _door(found, host):
@@ -22,6 +18,11 @@ def _door(found, host):
 def socketwise_scrape_targets(serving, doors, hostvars):
     """{job: static_configs} for the serving hosts SERVING that this run planned (a cluster
     member by its cluster's plan) and the fleet doors DOORS."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
+        cluster_host_plan,
+        scrape_targets,
+    )
+
     hosts = []
     for host in serving:
         found = hostvars[host]
@@ -40,10 +41,18 @@ def socketwise_scrape_targets(serving, doors, hostvars):
 
 
 def socketwise_retention_bytes(filesystem_bytes, share):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
+        retention_bytes,
+    )
+
     return retention_bytes(int(filesystem_bytes), float(share))
 
 
 def socketwise_duration_seconds(duration):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
+        duration_seconds,
+    )
+
     return duration_seconds(duration)
 
 

@@ -2,15 +2,8 @@
 `socketwise.kit.calibration_vet` (what a group's calibration decides for this deploy) and
 `socketwise.kit.fleet_summary`/`socketwise.kit.fleet_lines` (the fleet's dry run)."""
 
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan import (
-    calibrated,
-    fleet,
-)
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.planner import (
-    PlanError,
-    PlanRequest,
-    plan,
-)
+# The core is imported inside each filter, never when the file loads: Ansible loads every
+# filter file of the collection in each task's process (docs/development/architecture.md).
 
 
 def socketwise_plan(topology, **request):
@@ -19,6 +12,12 @@ def socketwise_plan(topology, **request):
     Errors are returned, not raised, so the role can name the host and the
     variable at fault in one line before anything on the host changes.
     """
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.planner import (
+        PlanError,
+        PlanRequest,
+        plan,
+    )
+
     try:
         return {
             "plan": plan(topology, PlanRequest.from_values(**request)),
@@ -31,6 +30,8 @@ def socketwise_plan(topology, **request):
 
 def socketwise_calibration_vet(record, given, vllm_spec, model, model_revision=""):
     """calibrated.vet's answer, with "error" (the one line) instead of an exception."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan import calibrated
+
     try:
         return calibrated.vet(record, given, vllm_spec, model, model_revision) | {"error": None}
     except calibrated.CalibrationError as exc:
@@ -39,6 +40,8 @@ def socketwise_calibration_vet(record, given, vllm_spec, model, model_revision="
 
 def socketwise_fleet_summary(plans, artifacts_dir):
     """{host: plan} -> fleet.summary, each host compared with its last deploy."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan import fleet
+
     return fleet.summary(
         [
             {"host": host, "plan": planned, "deployed": fleet.deployed_plan(artifacts_dir, host)}
@@ -47,11 +50,17 @@ def socketwise_fleet_summary(plans, artifacts_dir):
     )
 
 
+def socketwise_fleet_lines(*args, **kwargs):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan import fleet
+
+    return fleet.lines(*args, **kwargs)
+
+
 class FilterModule:
     def filters(self):
         return {
             "plan": socketwise_plan,
             "calibration_vet": socketwise_calibration_vet,
             "fleet_summary": socketwise_fleet_summary,
-            "fleet_lines": fleet.lines,
+            "fleet_lines": socketwise_fleet_lines,
         }

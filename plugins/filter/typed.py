@@ -3,15 +3,17 @@ the types their argument specs declare, `socketwise.kit.type_errors` says which 
 convert. Every role that reads numbers or switches uses it."""
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
-    declared_types,
-    type_errors,
-    typed,
-    undeclared,
-)
+
+# The core is imported inside each filter, never when the file loads: Ansible loads every
+# filter file of the collection in each task's process (docs/development/architecture.md).
 
 
 def _types(values):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
+        declared_types,
+        undeclared,
+    )
+
     types = declared_types()
     missing = undeclared(values, types)
     if missing:
@@ -20,10 +22,18 @@ def _types(values):
 
 
 def socketwise_typed(values):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
+        typed,
+    )
+
     return typed(values, _types(values))
 
 
 def socketwise_type_errors(values):
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.common.typed import (
+        type_errors,
+    )
+
     return type_errors(values, _types(values))
 
 
