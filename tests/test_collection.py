@@ -1,7 +1,8 @@
 """The repository is the collection socketwise.kit: built with ansible-galaxy, installed
 offline into an empty collections path, its playbooks run by name and its modules are
 documented, with nothing of the checkout in reach. In the checkout, every plugin lives
-once under plugins/ and is called by its fully qualified name."""
+once under plugins/ and is called by its fully qualified name; a filter imports the core
+only when called, and every name it imports then exists."""
 
 from __future__ import annotations
 
@@ -113,3 +114,32 @@ def test_a_task_that_uses_a_filter_imports_only_the_core_that_filter_needs():
     on_load, on_call = yaml.safe_load(done.stdout)
     assert on_load == []
     assert on_call == ["common", "common.typed"]
+
+
+_RESOLVED = """
+import ast, importlib, pathlib, sys
+from ansible.plugins.loader import filter_loader, init_plugin_loader
+init_plugin_loader([sys.argv[1]])
+filter_loader.get("socketwise.kit.typed")
+core = "ansible_collections.socketwise.kit.plugins.module_utils.socketwise."
+for path in sorted(pathlib.Path("plugins/filter").glob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module.startswith(core):
+            for alias in node.names:
+                module = importlib.import_module(node.module)
+                if not hasattr(module, alias.name):
+                    importlib.import_module(f"{node.module}.{alias.name}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_core":
+            module, name = (argument.value for argument in node.args)
+            getattr(importlib.import_module(core + module), name)
+"""
+
+
+def test_every_import_a_filter_makes_when_called_resolves():
+    # Imported only when a filter is called, a misspelt name would fail only in the task
+    # that first calls it.
+    done = subprocess.run(
+        [str(BIN / "python"), "-c", _RESOLVED, str(REPO / "collections")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
