@@ -87,8 +87,18 @@ def test_every_plugin_lives_once_under_plugins_and_roles_hold_no_links():
     assert (REPO / "collections/ansible_collections/socketwise/kit").resolve() == REPO
 
 
-# Run in a process of its own, as Ansible runs a task: what loading the collection's
-# filters, and then calling `typed`, imports of the core.
+def in_a_task_process(script: str) -> str:
+    """What SCRIPT prints, run in a process of its own as Ansible runs a task, with the
+    checkout's collections path as its argument."""
+    done = subprocess.run(
+        [str(BIN / "python"), "-c", script, str(REPO / "collections")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+# What loading the collection's filters, and then calling `typed`, imports of the core.
 _LOADED = """
 import json, sys
 from ansible.plugins.loader import filter_loader, init_plugin_loader
@@ -106,12 +116,7 @@ def test_a_task_that_uses_a_filter_imports_only_the_core_that_filter_needs():
     # Each task loads every filter file of the collection in a process of its own; the
     # core imported at the top of them cost about 90 ms in every such task
     # (docs/development/architecture.md).
-    done = subprocess.run(
-        [str(BIN / "python"), "-c", _LOADED, str(REPO / "collections")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    on_load, on_call = yaml.safe_load(done.stdout)
+    on_load, on_call = yaml.safe_load(in_a_task_process(_LOADED))
     assert on_load == []
     assert on_call == ["common", "common.typed"]
 
@@ -129,7 +134,7 @@ for path in sorted(pathlib.Path("plugins/filter").glob("*.py")):
                 module = importlib.import_module(node.module)
                 if not hasattr(module, alias.name):
                     importlib.import_module(f"{node.module}.{alias.name}")
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_core":
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "core_filter":
             module, name = (argument.value for argument in node.args)
             getattr(importlib.import_module(core + module), name)
 """
@@ -138,8 +143,4 @@ for path in sorted(pathlib.Path("plugins/filter").glob("*.py")):
 def test_every_import_a_filter_makes_when_called_resolves():
     # Imported only when a filter is called, a misspelt name would fail only in the task
     # that first calls it.
-    done = subprocess.run(
-        [str(BIN / "python"), "-c", _RESOLVED, str(REPO / "collections")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    in_a_task_process(_RESOLVED)

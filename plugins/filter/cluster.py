@@ -2,6 +2,8 @@
 who serves one (`socketwise.kit.cluster_members`, the head first), its plan, each host's servers
 and RPC endpoints, and the values its units are written with."""
 
+from ansible_collections.socketwise.kit.plugins.module_utils.lazy import core_filter
+
 # The core is imported inside each filter, never when the file loads: Ansible loads every
 # filter file of the collection in each task's process (docs/development/architecture.md).
 
@@ -88,12 +90,6 @@ def socketwise_cluster_plan(members, hostvars, **request):
         return {"plan": None, "error": str(exc), "field": exc.field}
 
 
-def socketwise_cluster_value_errors(*args, **kwargs):
-    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve import unitvalues
-
-    return unitvalues.cluster_value_errors(*args, **kwargs)
-
-
 class FilterModule:
     def filters(self):
         return {
@@ -103,5 +99,5 @@ class FilterModule:
             "cluster_rpc": socketwise_cluster_rpc,
             "cluster_plan": socketwise_cluster_plan,
             "cluster_units": socketwise_cluster_units,
-            "cluster_value_errors": socketwise_cluster_value_errors,
+            "cluster_value_errors": core_filter("serve.unitvalues", "cluster_value_errors"),
         }

@@ -5,6 +5,8 @@
 
 import ipaddress
 
+from ansible_collections.socketwise.kit.plugins.module_utils.lazy import core_filter
+
 # The core is imported inside each filter, never when the file loads: Ansible loads every
 # filter file of the collection in each task's process (docs/development/architecture.md).
 
@@ -88,19 +90,11 @@ def socketwise_fleet_trusting(hosts, hostvars):
     return trusting
 
 
-def socketwise_serving_hosts(*args, **kwargs):
-    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
-        serving_hosts,
-    )
-
-    return serving_hosts(*args, **kwargs)
-
-
 class FilterModule:
     def filters(self):
         return {
             "fleet_servers": socketwise_fleet_servers,
             "fleet_sources": socketwise_fleet_sources,
             "fleet_trusting": socketwise_fleet_trusting,
-            "serving_hosts": socketwise_serving_hosts,
+            "serving_hosts": core_filter("plan.fleet", "serving_hosts"),
         }

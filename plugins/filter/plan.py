@@ -2,6 +2,8 @@
 `socketwise.kit.calibration_vet` (what a group's calibration decides for this deploy) and
 `socketwise.kit.fleet_summary`/`socketwise.kit.fleet_lines` (the fleet's dry run)."""
 
+from ansible_collections.socketwise.kit.plugins.module_utils.lazy import core_filter
+
 # The core is imported inside each filter, never when the file loads: Ansible loads every
 # filter file of the collection in each task's process (docs/development/architecture.md).
 
@@ -50,17 +52,11 @@ def socketwise_fleet_summary(plans, artifacts_dir):
     )
 
 
-def socketwise_fleet_lines(*args, **kwargs):
-    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan import fleet
-
-    return fleet.lines(*args, **kwargs)
-
-
 class FilterModule:
     def filters(self):
         return {
             "plan": socketwise_plan,
             "calibration_vet": socketwise_calibration_vet,
             "fleet_summary": socketwise_fleet_summary,
-            "fleet_lines": socketwise_fleet_lines,
+            "fleet_lines": core_filter("plan.fleet", "lines"),
         }
