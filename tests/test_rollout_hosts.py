@@ -116,7 +116,7 @@ def test_a_hosts_record_has_every_key_the_reference_names_read_from_vllm_service
     what vllm_service's entry points publish: every key docs/reference/rollout-summary.md
     names, each value read from its output."""
     published = {
-        "vllm_service_serving_release": {"id": "sn-new"},
+        "release_serving": {"id": "sn-new"},
         "vllm_service_restart_seconds": {"sn": 12.5},
         "vllm_service_restart_log": [{"instance": "sn", "left": 1.0, "back": 2.0}],
         "vllm_service_completions": {"results": [{"json": {"usage": {"completion_tokens": 8}}}]},
