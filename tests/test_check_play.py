@@ -79,6 +79,12 @@ REFUSED = [
         "the kit gives it, which its door alone opens)",
     ),
     (
+        "renamed",
+        {"vllm_service_release_bench": {"output_tok_s": 1.0}},
+        "vllm_service_release_bench is now release_bench (a host's releases are the release "
+        "role's): set release_bench instead",
+    ),
+    (
         "extra-args-api-key",
         {"vllm_service_extra_args": ["--api-key=abc"]},
         "vllm_service_extra_args[0]='--api-key=abc': sets --api-key",

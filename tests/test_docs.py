@@ -73,6 +73,23 @@ def test_the_site_builds_strict_with_every_page_of_the_nav(site):
         assert (site / html).is_file(), page
 
 
+def test_every_renamed_variable_is_listed_and_its_new_name_is_a_role_variable():
+    """A renamed variable's new name is one a role declares, its old one none does: the
+    first play's refusal sends a user to a name that works."""
+    renamed = yaml.safe_load((REPO / reference.RENAMED_VARIABLES).read_text())
+    declared = {
+        name
+        for spec in reference.role_specs(REPO).values()
+        for entry_point in spec.values()
+        for name in entry_point.get("options") or {}
+    }
+    renamed_rows = reference.variables_page(REPO).split("## Renamed variables\n", 1)[1]
+    for old, new in renamed.items():
+        assert old not in declared, f"{old} is declared again: take it out of the renamed"
+        assert new["name"] in declared, f"{old}: its new name {new['name']} is no role's"
+        assert f"| `{old}` | [`{new['name']}`](#{new['name']}) |" in renamed_rows
+
+
 def test_every_role_variable_is_in_the_variables_reference():
     page = reference.variables_page(REPO)
     roles = _sections(page, 2)

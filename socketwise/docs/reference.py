@@ -30,6 +30,8 @@ import yaml
 from socketwise.cli import build_parser
 
 INVENTORY_VARIABLES = Path("docs/reference/inventory-variables.yml")
+# Variables the kit renamed (old name: its new name and why), refused by the first play.
+RENAMED_VARIABLES = Path("playbooks/vars/renamed.yml")
 
 # Root files the site carries as pages of its own: {repository file: (page, title)}.
 PROJECT_PAGES = {
@@ -243,7 +245,25 @@ def variables_page(repo: Path) -> str:
             names = list(spec.get("options") or {})
             reads = ", ".join(f"[`{name}`](#{name})" for name in names)
             lines += [f"Reads {reads}." if names else "Takes no variables.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _renamed_section(repo))
+
+
+def _renamed_section(repo: Path) -> list[str]:
+    renamed = yaml.safe_load((repo / RENAMED_VARIABLES).read_text()) or {}
+    lines = [
+        "## Renamed variables",
+        "",
+        f"The first play refuses each old name wherever it is set, naming the new one "
+        f"(`{RENAMED_VARIABLES}`).",
+        "",
+        "| Old name | New name | Why |",
+        "| --- | --- | --- |",
+    ]
+    lines += [
+        f"| `{old}` | [`{new['name']}`](#{new['name']}) | {_escape(new['why'])} |"
+        for old, new in renamed.items()
+    ]
+    return lines + [""]
 
 
 def _variable_row(name: str, option: dict) -> str:
