@@ -211,6 +211,7 @@ def rendered(tmp_path_factory) -> Rendered:
         "vllm_service_client_keys": ["sk-" + "k" * 32],
         # Facts of the vllm role's prepare and main tasks.
         "vllm_build": {"id": "0123456789ab"},
+        "vllm_paths": {"home": "{{ vllm_home }}", "venv": "{{ vllm_venv }}"},
         "vllm_user_uid": 998,
         "__vllm_service_engine_group_made": {"gid": ENGINE_GID},
         "__cluster_engine_group_made": {"gid": ENGINE_GID},

@@ -83,6 +83,9 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_engine_sockets": {"vllm-sn": "/run/socketwise-vllm-sn/api.sock"},
         "vllm_service_engine_group": "socketwise-engines",
     }
+    # The vllm role's prepare publishes where it installs (vllm_paths), from the same values.
+    given_paths = SAFE | values
+    variables["vllm_paths"] = {"home": given_paths["vllm_home"], "venv": given_paths["vllm_venv"]}
     numbers = {
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
