@@ -236,7 +236,8 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "__cluster_member_addresses": list(addresses.values()),
         "__cluster_dir": "/etc/socketwise/cluster", "vllm_user": "vllm",
         "vllm_service_engine_group": "socketwise-engines",
-        "vllm_home": "/opt/socketwise", "vllm_venv": "/opt/socketwise/venvs/abc",
+        # Where the vllm role's prepare published the install.
+        "vllm_paths": {"home": "/opt/socketwise", "venv": "/opt/socketwise/venvs/abc"},
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
         "vllm_service_dtype": "", "vllm_service_environment": {},
         "vllm_service_extra_args": [], "vllm_service_typed": {"vllm_service_max_model_len": None},
