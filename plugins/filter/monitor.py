@@ -3,6 +3,8 @@ a monitor's Prometheus scrapes (from the inventory and this run's plans), and
 `socketwise.kit.retention_bytes`, how much of its disk it may fill, and
 `socketwise.kit.duration_seconds`, a Prometheus duration in seconds."""
 
+from ansible_collections.socketwise.kit.plugins.module_utils.lazy import core_filter
+
 # The core is imported inside each filter, never when the file loads: Ansible loads every
 # filter file of the collection in each task's process (docs/development/architecture.md).
 
@@ -48,18 +50,10 @@ def socketwise_retention_bytes(filesystem_bytes, share):
     return retention_bytes(int(filesystem_bytes), float(share))
 
 
-def socketwise_duration_seconds(duration):
-    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
-        duration_seconds,
-    )
-
-    return duration_seconds(duration)
-
-
 class FilterModule:
     def filters(self):
         return {
-            "duration_seconds": socketwise_duration_seconds,
+            "duration_seconds": core_filter("serve.monitor", "duration_seconds"),
             "scrape_targets": socketwise_scrape_targets,
             "retention_bytes": socketwise_retention_bytes,
         }
