@@ -234,10 +234,11 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "__cluster_master": f"10.0.0.1:{plan['engine_settings']['master_port']}",
         "__cluster_master_address": "10.0.0.1", "__cluster_plan_id": "0123456789ab",
         "__cluster_member_addresses": list(addresses.values()),
-        "__cluster_dir": "/etc/socketwise/cluster", "vllm_user": "vllm",
+        "__cluster_dir": "/etc/socketwise/cluster",
         "vllm_service_engine_group": "socketwise-engines",
-        # Where the vllm role's prepare published the install.
+        # Where the vllm role's prepare published the install, and how units run it.
         "vllm_paths": {"home": "/opt/socketwise", "venv": "/opt/socketwise/venvs/abc"},
+        "vllm_engine": {"method": "venv", "user": "vllm", "hf_id": "", "container_cgroups": True},
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
         "vllm_service_dtype": "", "vllm_service_environment": {},
         "vllm_service_extra_args": [], "vllm_service_typed": {"vllm_service_max_model_len": None},

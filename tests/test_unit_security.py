@@ -212,6 +212,12 @@ def rendered(tmp_path_factory) -> Rendered:
         # Facts of the vllm role's prepare and main tasks.
         "vllm_build": {"id": "0123456789ab"},
         "vllm_paths": {"home": "{{ vllm_home }}", "venv": "{{ vllm_venv }}"},
+        "vllm_engine": {
+            "method": "{{ vllm_install_method }}",
+            "user": "{{ vllm_user }}",
+            "hf_id": "{{ vllm_model_hf_id }}",
+            "container_cgroups": "{{ vllm_container_cgroups | bool }}",
+        },
         "vllm_user_uid": 998,
         "__vllm_service_engine_group_made": {"gid": ENGINE_GID},
         "__cluster_engine_group_made": {"gid": ENGINE_GID},
@@ -219,7 +225,6 @@ def rendered(tmp_path_factory) -> Rendered:
         # Facts of the cluster role's check and llamacpp tasks.
         "socketwise_cluster": "c1",
         "socketwise_cluster_head": "head",
-        "__cluster_home": "/opt/socketwise",
         "__cluster_build": {"id": "fedcba987654"},
         "__cluster_model_info": GGUF | {"kv_bytes_per_token": GGUF_KV_BYTES_PER_TOKEN},
         # What check.yml read on the members: root may load nftables, and the kernel's

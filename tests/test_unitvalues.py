@@ -83,15 +83,21 @@ def render_vllm_unit(**values: object) -> str:
         "__vllm_service_engine_sockets": {"vllm-sn": "/run/socketwise-vllm-sn/api.sock"},
         "vllm_service_engine_group": "socketwise-engines",
     }
-    # The vllm role's prepare publishes where it installs (vllm_paths), from the same values.
-    given_paths = SAFE | values
-    variables["vllm_paths"] = {"home": given_paths["vllm_home"], "venv": given_paths["vllm_venv"]}
+    # The vllm role's prepare publishes where it installs (vllm_paths) and how the units run
+    # it (vllm_engine), from the same values.
+    merged = variables | values
+    variables["vllm_paths"] = {"home": merged["vllm_home"], "venv": merged["vllm_venv"]}
+    variables["vllm_engine"] = {
+        "method": "image" if merged["__vllm_service_container"] else "venv",
+        "user": merged["vllm_user"],
+        "hf_id": merged["vllm_model_hf_id"],
+        "container_cgroups": values.pop("vllm_container_cgroups", True),
+    }
     numbers = {
         "vllm_service_max_model_len": None,
         "vllm_service_restart_sec": 10,
         "vllm_service_ready_timeout": 600,
         "vllm_service_start_limit_burst": 5,
-        "vllm_container_cgroups": True,
     }
     given = {name: values.pop(name, default) for name, default in numbers.items()}
     variables["__vllm_service_typed"] = typed(given, declared_types())
