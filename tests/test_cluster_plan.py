@@ -240,8 +240,8 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "vllm_paths": {"home": "/opt/socketwise", "venv": "/opt/socketwise/venvs/abc"},
         "vllm_engine": {"method": "venv", "user": "vllm", "hf_id": "", "container_cgroups": True},
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
-        "vllm_service_dtype": "", "vllm_service_environment": {},
-        "vllm_service_extra_args": [], "vllm_service_typed": {"vllm_service_max_model_len": None},
+        "vllm_service_engine": {"dtype": "", "environment": {}, "extra_args": []},
+        "vllm_service_typed": {"vllm_service_max_model_len": None},
         "vllm_service_backend_address": "127.0.0.1", "__cluster_stage_limits": stage_limits(me),
         # The filter's unit is tests/test_unit_security.py's: this unit does not require it.
         "__cluster_filtering": False, "__cluster_hosts_file": "/etc/socketwise/cluster/hosts",
@@ -254,7 +254,8 @@ def test_each_stage_unit_carries_its_rank_split_and_placement_and_passes_systemd
     plan = plan_cluster(hosts("r730", "r730"), ClusterRequest(model_gb=150, layers=32))
     hostile = '50% of $HOME "quoted"'
     for host, role in (("r730-1", "head"), ("r730-2", "follower")):
-        text = _stage_unit(plan, host, vllm_service_extra_args=["--note", hostile])
+        engine = {"dtype": "", "environment": {}, "extra_args": ["--note", hostile]}
+        text = _stage_unit(plan, host, vllm_service_engine=engine)
         unit = tmp_path / "socketwise-pp-vllm.service"
         unit.write_text(text)
         done = subprocess.run(
