@@ -85,6 +85,13 @@ REFUSED = [
         "role's): set release_bench instead",
     ),
     (
+        "renamed-monitor-token",
+        {"monitor_metrics_token_file": "/etc/socketwise/scrape-token"},
+        "monitor_metrics_token_file is now vllm_service_metrics_token_file (the monitors send "
+        "the token the metrics doors take, read from that one file): set "
+        "vllm_service_metrics_token_file instead",
+    ),
+    (
         "extra-args-api-key",
         {"vllm_service_extra_args": ["--api-key=abc"]},
         "vllm_service_extra_args[0]='--api-key=abc': sets --api-key",
