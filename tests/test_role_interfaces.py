@@ -45,14 +45,19 @@ def scanned_files() -> list[Path]:
 
 def foreign_reads() -> dict[str, list[str]]:
     """For each file, the private names of other roles it reads. A file under roles/R owns
-    R's names; a template, the names of the roles that render it (a role's name read in
-    a template another role renders too is that role's reach-in, where it sets it);
-    playbooks/ and molecule/ own none."""
+    R's names; a template, the names of the one role that renders it (a role's name read
+    in a template another role renders too, directly or through an include, is that
+    other role's reach-in: the template takes it from a declared output or from what its
+    including template sets); playbooks/ and molecule/ own none."""
     found: dict[str, list[str]] = {}
     rendering = renderers()
     for path in scanned_files():
         relative = path.relative_to(REPO)
-        mine = {relative.parts[1]} if relative.parts[0] == "roles" else set(rendering.get(path, ()))
+        if relative.parts[0] == "roles":
+            mine = {relative.parts[1]}
+        else:
+            rendered_by = set(rendering.get(path, ()))
+            mine = rendered_by if len(rendered_by) == 1 else set()
         names = {
             f"__{name}"
             for name in PRIVATE.findall(path.read_text())
