@@ -92,6 +92,12 @@ REFUSED = [
         "vllm_service_metrics_token_file instead",
     ),
     (
+        "renamed-fleet-port",
+        {"vllm_service_fleet_port": 8001},
+        "vllm_service_fleet_port is now fleet_door_port (the fleet front door is the fleet_door "
+        "role's): set fleet_door_port instead",
+    ),
+    (
         "extra-args-api-key",
         {"vllm_service_extra_args": ["--api-key=abc"]},
         "vllm_service_extra_args[0]='--api-key=abc': sets --api-key",
@@ -249,7 +255,7 @@ def test_the_fleet_front_door_passes_the_same_checks(inventory, tmp_path):
     inventory.write_text(yaml.safe_dump(hosts))
     ca, _ = frontdoor.self_signed(tmp_path, "fleet CA", "ca")
     for given, words in (
-        ("vllm_service_fleet_port=70000", "vllm_service_fleet_port=70000: is not a port"),
+        ("fleet_door_port=70000", "fleet_door_port=70000: is not a port"),
         ("vllm_service_api_key=", "vllm_service_api_key: is empty and the front door listens"),
         # The CA verifies hosts' TLS doors: this host's door serves plain HTTP.
         (f"vllm_service_fleet_ca_file={ca}", f"vllm_service_fleet_ca_file={ca}: {HOST} serves"),
@@ -354,12 +360,11 @@ def test_a_number_that_does_not_convert_names_the_variable_and_the_value(invento
 
 def test_numbers_given_with_e_are_taken_as_the_numbers_they_spell(inventory):
     # Each was refused or broke a later play when it stayed a string: a valid metrics port
-    # was "not a port", the fleet port a TypeError. The run stops later, at a model the
+    # was "not a port". The run stops later, at a model the
     # controller does not have: every value check before it passed.
     run = check(
         inventory,
         "vllm_service_metrics_port=9181",
-        "vllm_service_fleet_port=443",
         "vllm_service_start_limit_burst=3",
         "vllm_service_restart_sec=5",
         "vllm_service_ready_timeout=600",

@@ -312,13 +312,13 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
     """Task vars of a fleet door over a host's TLS door, with vllm_service_fleet_ca_file
     set and its copy (fleet.yml's) at DIRECTORY/CA."""
     return {
-        "vllm_service_fleet_port": ports[name],
-        "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
-        "__vllm_service_fleet_servers": [
+        "fleet_door_port": ports[name],
+        "__fleet_door_socket": str(directory / f"{name}.sock"),
+        "__fleet_door_servers": [
             {"name": "host1", "address": ADDRESS, "port": ports[HOSTS_OF[name]], "tls": True}
         ],
         "vllm_service_fleet_ca_file": "ca.crt",
-        "__vllm_service_fleet_ca": str(directory / ca),
+        "__fleet_door_ca": str(directory / ca),
     }
 
 
@@ -350,7 +350,7 @@ def render(
         "__vllm_service_monitored": True,
         "__vllm_service_metrics_sources": [ADDRESS],
         "vllm_service_node_exporter_port": backend_port,
-        "vllm_service_fleet_port": ports["fleet"],
+        "fleet_door_port": ports["fleet"],
         "vllm_service_api_key": KEY,
         # As roles/vllm_service/tasks/values.yml publishes them, from the key variables.
         "vllm_service_client_key": "{{ __vllm_service_api_key }}",
@@ -358,8 +358,8 @@ def render(
         "vllm_service_max_body_bytes": MAX_BODY,
         "socketwise_plan": plan,
         "__vllm_service_lb_socket": str(directory / "host.sock"),
-        "__vllm_service_fleet_socket": str(directory / "fleet.sock"),
-        "__vllm_service_fleet_servers": [
+        "__fleet_door_socket": str(directory / "fleet.sock"),
+        "__fleet_door_servers": [
             {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},
             # A host whose name does not resolve when the door starts: the door serves.
             {"name": "host2", "address": "host2.invalid", "port": backend_port, "tls": False},
@@ -409,9 +409,9 @@ def render(
             {"name": h, "address": ADDRESS, "port": p, "tls": False} for h, p in hosts.items()
         ]
         return "fleet-haproxy.cfg.j2", {
-            "vllm_service_fleet_port": ports[name],
-            "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
-            "__vllm_service_fleet_servers": servers,
+            "fleet_door_port": ports[name],
+            "__fleet_door_socket": str(directory / f"{name}.sock"),
+            "__fleet_door_servers": servers,
         }
 
     tasks = {
@@ -429,15 +429,15 @@ def render(
             "haproxy.cfg.j2",
             own_listener(directory, "host-kit", plan, ports["host-kit"]) | fleet_client,
         ),
-        # Fleet doors over it (vllm_service_fleet_verify's default), under the name its
+        # Fleet doors over it (fleet_door_verify's default), under the name its
         # certificate carries and under another host's.
         **{
             name: (
                 "fleet-haproxy.cfg.j2",
                 {
-                    "vllm_service_fleet_port": ports[name],
-                    "__vllm_service_fleet_socket": str(directory / f"{name}.sock"),
-                    "__vllm_service_fleet_servers": [
+                    "fleet_door_port": ports[name],
+                    "__fleet_door_socket": str(directory / f"{name}.sock"),
+                    "__fleet_door_servers": [
                         {
                             "name": server,
                             "address": ADDRESS,
@@ -446,7 +446,7 @@ def render(
                             "kit": True,
                         }
                     ],  # fmt: skip
-                    "__vllm_service_fleet_ca": str(directory / DOOR_KIT / "door-ca.pem"),
+                    "__fleet_door_ca": str(directory / DOOR_KIT / "door-ca.pem"),
                 },
             )
             for name, server in zip(KIT_ISSUED, ("localhost", "host1"), strict=True)
@@ -533,8 +533,8 @@ def render(
         "fleet-tls": (
             "fleet-haproxy.cfg.j2",
             {
-                "vllm_service_fleet_port": ports["fleet-tls"],
-                "__vllm_service_fleet_socket": str(directory / "fleet-tls.sock"),
+                "fleet_door_port": ports["fleet-tls"],
+                "__fleet_door_socket": str(directory / "fleet-tls.sock"),
             }
             | tls,
         ),
@@ -609,6 +609,8 @@ def render(
             "vars_files": [
                 str(role / "defaults/main.yml"),
                 str(role / "vars/main.yml"),
+                str(REPO / "roles/fleet_door/defaults/main.yml"),
+                str(REPO / "roles/fleet_door/vars/main.yml"),
                 str(directory / "values.json"),
             ],
             "tasks": [
@@ -1123,7 +1125,7 @@ def fleet_status(front: FrontDoors, door: str) -> dict[str, str]:
 
 def test_drain_takes_a_host_out_of_the_fleet_door_and_puts_it_back(front, tmp_path):
     """playbooks/drain.yml, which `socketwise calibrate` runs around the host it measures,
-    through vllm_service's fleet-drain entry point (the rollout's drain and undrain too), on
+    through fleet_door's drain entry point (the rollout's drain and undrain too), on
     a real fleet door: out, the door holds the host in maintenance (no request reaches it)
     while its neighbour stays up; back, the door has it up again before the playbook ends."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -1135,7 +1137,7 @@ def test_drain_takes_a_host_out_of_the_fleet_door_and_puts_it_back(front, tmp_pa
 
     def drain(out: bool) -> None:
         given = {"socketwise_drain_hosts": ["host1"], "socketwise_drain": out,
-                 "__vllm_service_fleet_socket": socket_path}  # fmt: skip
+                 "__fleet_door_socket": socket_path}  # fmt: skip
         done = run_playbook("playbooks/drain.yml", "-i", str(inventory), "-e", json.dumps(given))
         assert done.returncode == 0, done.output[-3000:]
 

@@ -103,7 +103,8 @@ def test_the_scan_sees_a_reach_in_and_names_its_owner():
 # The entry point that checks a role's values in play 1 (playbooks/check.yml), before any
 # other of its entry points runs anywhere.
 CHECKS = {"vllm_service": "values", "cluster": "check", "host_tuning": "decide",
-          "vllm": "prepare", "monitor": "preflight", "rollout": "check"}  # fmt: skip
+          "vllm": "prepare", "monitor": "preflight", "rollout": "check",
+          "fleet_door": "preflight"}  # fmt: skip
 
 
 def specs(role: str) -> dict[str, dict]:
@@ -153,8 +154,8 @@ def test_the_read_scan_follows_includes_templates_defaults_and_typed_values(tmp_
     assert "vllm_service_queue_timeout" in entry_point_reads(
         "vllm_service", "main"
     )  # haproxy.cfg.j2
-    assert "vllm_service_request_timeout" in entry_point_reads("vllm_service", "fleet-drain")
-    assert "vllm_service_tls_names" not in entry_point_reads("vllm_service", "fleet-drain")
+    assert "fleet_door_drain_out" in entry_point_reads("fleet_door", "drain")
+    assert "fleet_door_port" not in entry_point_reads("fleet_door", "drain")
     # deploy.yml: tasks_from "{{ 'main' if vllm_service_state ... == 'present' else 'absent' }}"
     assert {"main", "absent"} <= used_entry_points()["cluster"]
     assert "present" not in used_entry_points()["cluster"]

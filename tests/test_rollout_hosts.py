@@ -46,9 +46,9 @@ def stand_in(play: dict) -> dict:
     says = "reached {{ inventory_hostname }} in {{ ansible_play_name }}"
     tasks = [{"ansible.builtin.debug": {"msg": says}}]
     if play["hosts"] == "socketwise_frontdoor":
-        role_vars = yaml.safe_load((REPO / "roles/vllm_service/vars/main.yml").read_text())
-        kept["vars"] = {"__vllm_service_fleet_hosts": role_vars["__vllm_service_fleet_hosts"]}
-        lists = "fleet servers {{ __vllm_service_fleet_hosts | sort | join(',') }}"
+        role_vars = yaml.safe_load((REPO / "roles/fleet_door/vars/main.yml").read_text())
+        kept["vars"] = {"__fleet_door_hosts": role_vars["__fleet_door_hosts"]}
+        lists = "fleet servers {{ __fleet_door_hosts | sort | join(',') }}"
         tasks.append({"ansible.builtin.debug": {"msg": lists}})
     return kept | {"tasks": tasks}
 

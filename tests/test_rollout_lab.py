@@ -432,7 +432,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         (inventory / "host_vars").mkdir()
         (inventory / "host_vars" / f"{DP_HOST}.yml").write_text("plan_layout: dp\n")
         # The serving hosts' doors speak TLS with the certificates the kit's CA issues them,
-        # and the fleet door verifies them (vllm_service_fleet_verify's default).
+        # and the fleet door verifies them (fleet_door_verify's default).
         (inventory / "tls.yml").write_text(
             json.dumps({"all": {"children": {"tls_doors": {"hosts": dict.fromkeys(SERVING, {})}}}})
         )

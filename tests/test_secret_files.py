@@ -84,8 +84,8 @@ FLEET_ABSENT = """
   tasks:
     - name: Remove it
       ansible.builtin.include_role:
-        name: vllm_service
-        tasks_from: fleet-absent
+        name: fleet_door
+        tasks_from: absent
 """
 
 
@@ -103,8 +103,8 @@ def test_removing_the_fleet_door_leaves_a_monitors_token_beside_its_secrets(tmp_
     playbook.write_text(FLEET_ABSENT)
     where = {
         "__vllm_service_secrets_dir": str(secrets),
-        "__vllm_service_fleet_config": str(etc / "fleet-haproxy.cfg"),
-        "__vllm_service_unit_dir": str(tmp_path / "units"),
+        "__fleet_door_config": str(etc / "fleet-haproxy.cfg"),
+        "__fleet_door_unit_dir": str(tmp_path / "units"),
     }
     for left in (["scrape-token"], []):
         done = run_playbook(str(playbook), "-i", "inventories/local", "-e", json.dumps(where))

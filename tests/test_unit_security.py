@@ -175,7 +175,7 @@ def dgx_with_minors_reversed(directory: Path) -> dict:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Rendered:
     """Every unit kind through Ansible's template module in one run, as the roles render
-    them: the vllm, vllm_service and cluster roles' defaults/main.yml and vars/main.yml,
+    them: the vllm, vllm_service, fleet_door and cluster roles' defaults/main.yml and vars/main.yml,
     their filters, and the vars of the role's own task where it has any. The test gives
     the plans, the facts earlier plays publish, and the addresses."""
     directory = tmp_path_factory.mktemp("units")
@@ -346,7 +346,7 @@ def rendered(tmp_path_factory) -> Rendered:
         # TLS doors, the fleet's showing hosts' TLS doors its client certificate.
         _task("tls-socketwise-lb.service", "socketwise-lb.service.j2", "single", TLS | host_door),
         _task("tls-socketwise-fleet.service", "socketwise-fleet.service.j2", "single",
-              TLS | {"__vllm_service_fleet_client": True}),
+              TLS | {"__fleet_door_client": True}),
         _task("head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
               {"socketwise_cluster_plan": pp} | cluster_lb),
         # A monitored head's, and a monitored member's metrics door alone.
@@ -367,7 +367,7 @@ def rendered(tmp_path_factory) -> Rendered:
         "gather_facts": False,
         "vars_files": [
             str(ROLES / role / kind / "main.yml")
-            for role in ("vllm", "vllm_service", "cluster", "port_filter")
+            for role in ("vllm", "vllm_service", "fleet_door", "cluster", "port_filter")
             for kind in ("defaults", "vars")
         ]
         + [str(directory / "values.json")],

@@ -482,7 +482,7 @@ def test_a_host_door_of_the_operators_own_certificate_needs_the_ca_that_verifies
     assert error == (
         "edge-01 serves TLS with its own vllm_service_tls_cert=/pki/edge-01.crt and the fleet "
         "door verifies it: give the CA that signed it in vllm_service_fleet_ca_file, or set "
-        "vllm_service_fleet_verify: false to take it unverified"
+        "fleet_door_verify: false to take it unverified"
     )
     assert fleet_ca_errors("", [own], verify=False) == []
 

@@ -47,7 +47,7 @@ def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[s
     a file on the controller, or "") not a certificate, a host serving plain HTTP beside it,
     a host's own certificate (`cert`, its vllm_service_tls_cert) the CA did not sign or no
     CA given for one. A door the kit's CA issued (`kit`) is verified with that CA. SERVERS:
-    the fleet's servers ({name, tls, kit, cert}); VERIFY: vllm_service_fleet_verify."""
+    the fleet's servers ({name, tls, kit, cert}); VERIFY: fleet_door_verify."""
     own = [server for server in servers if not server.get("kit")]
     if not verify:
         return []
@@ -55,7 +55,7 @@ def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[s
         return [
             f"{server['name']} serves TLS with its own vllm_service_tls_cert={server['cert']} "
             "and the fleet door verifies it: give the CA that signed it in "
-            "vllm_service_fleet_ca_file, or set vllm_service_fleet_verify: false to take it "
+            "vllm_service_fleet_ca_file, or set fleet_door_verify: false to take it "
             "unverified"
             for server in own
             if server["tls"]

@@ -493,7 +493,7 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
     ports = (
         "vllm_service_metrics_port",
         "vllm_service_node_exporter_port",
-        "vllm_service_fleet_port",
+        "fleet_door_port",
     ) + CLUSTER_PORTS
     for variable in ports:
         port = values.get(variable, 1)
