@@ -13,7 +13,9 @@ import json
 import stat
 from pathlib import Path
 
-from .playbooks import run_playbook
+import yaml
+
+from .playbooks import REPO, run_playbook
 
 PLAY = """
 - hosts: localhost
@@ -119,3 +121,15 @@ def test_the_same_files_keep_one_release_and_a_change_makes_the_next(tmp_path):
     assert (releases / "previous").readlink().name == second
     left = sorted(path.name for path in releases.iterdir())
     assert left == sorted(["current", "previous", second, third])
+
+
+def test_what_vllm_service_keeps_as_served_is_what_the_release_role_takes():
+    """vllm_service_served goes to the release role as release_served, whose spec refuses a
+    key it does not know and a required one that is missing: either fails every deploy
+    after its instances served, and a first deploy then stops them."""
+    role_vars = yaml.safe_load((REPO / "roles/vllm_service/vars/main.yml").read_text())
+    served = set(role_vars["__vllm_service_served"])
+    specs = yaml.safe_load((REPO / "roles/release/meta/argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]["release_served"]["options"]
+    assert served - set(options) == set()
+    assert {name for name, option in options.items() if option.get("required")} - served == set()
