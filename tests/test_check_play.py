@@ -98,6 +98,17 @@ REFUSED = [
         "role's): set fleet_door_port instead",
     ),
     (
+        "renamed-node-exporter-port",
+        {"vllm_service_node_exporter_port": 9101},
+        "vllm_service_node_exporter_port is now node_exporter_port (the node exporter is the "
+        "node_exporter role's): set node_exporter_port instead",
+    ),
+    (
+        "node-exporter-port",
+        {"node_exporter_port": 70000},
+        "node_exporter_port=70000: is not a port; give 1-65535",
+    ),
+    (
         "extra-args-api-key",
         {"vllm_service_extra_args": ["--api-key=abc"]},
         "vllm_service_extra_args[0]='--api-key=abc': sets --api-key",
@@ -365,6 +376,7 @@ def test_numbers_given_with_e_are_taken_as_the_numbers_they_spell(inventory):
     run = check(
         inventory,
         "vllm_service_metrics_port=9181",
+        "node_exporter_port=9101",
         "vllm_service_start_limit_burst=3",
         "vllm_service_restart_sec=5",
         "vllm_service_ready_timeout=600",

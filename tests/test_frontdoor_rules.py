@@ -349,7 +349,8 @@ def render(
         # A monitor scrapes from ADDRESS; the node exporter is the test's server too.
         "__vllm_service_monitored": True,
         "__vllm_service_metrics_sources": [ADDRESS],
-        "vllm_service_node_exporter_port": backend_port,
+        # As the node_exporter role's check publishes it.
+        "node_exporter_service": {"port": backend_port, "unit": "socketwise-node-exporter.service"},
         "fleet_door_port": ports["fleet"],
         "vllm_service_api_key": KEY,
         # As roles/vllm_service/tasks/values.yml publishes them, from the key variables.

@@ -104,7 +104,7 @@ def test_the_scan_sees_a_reach_in_and_names_its_owner():
 # other of its entry points runs anywhere.
 CHECKS = {"vllm_service": "values", "cluster": "check", "host_tuning": "decide",
           "vllm": "prepare", "monitor": "preflight", "rollout": "check",
-          "fleet_door": "preflight"}  # fmt: skip
+          "fleet_door": "preflight", "node_exporter": "check"}  # fmt: skip
 
 
 def specs(role: str) -> dict[str, dict]:

@@ -71,6 +71,9 @@ METRICS_FIREWALL = [
     ("socketwise-port-filter.service.j2", "socketwise-metrics-firewall.service"),
 ]
 NFTABLES_DROPIN = ("nftables-socketwise.conf.j2", "nftables-socketwise.conf")
+# The node exporter's unit, with its fixed cap.
+EXPORTER = "socketwise-node-exporter.service"
+EXPORTER_CAP = ("256M", "64")
 # What a door's unit copies from root's files for HAProxy, at each start and reload.
 DOOR_COPIES = ("client-keys", "scrape-keys", "frontdoor.pem", "fleet-client.pem")
 # A door given a certificate (its path on the controller: the unit reads the host's copy).
@@ -340,6 +343,12 @@ def rendered(tmp_path_factory) -> Rendered:
         tasks.append(_task(f"head-{dest}", template, "head", metrics_filter))
     tasks.append(_task(NFTABLES_DROPIN[1], NFTABLES_DROPIN[0], "head", metrics_filter))
     expected[f"head-{METRICS_FIREWALL[1][1]}"] = FIREWALL_CAP
+    # A monitored host's node exporter, on the address vllm_service gives it.
+    exporter = _task_vars(
+        "roles/vllm_service/tasks/exporter.yml", "Serve the node exporter on the backend address"
+    )
+    tasks.append(_task(EXPORTER, "socketwise-node-exporter.service.j2", "single", exporter))
+    expected[EXPORTER] = EXPORTER_CAP
     tasks += [
         _task("socketwise-lb.service", "socketwise-lb.service.j2", "single", host_door),
         _task("socketwise-fleet.service", "socketwise-fleet.service.j2", "single", {}),
@@ -367,7 +376,14 @@ def rendered(tmp_path_factory) -> Rendered:
         "gather_facts": False,
         "vars_files": [
             str(ROLES / role / kind / "main.yml")
-            for role in ("vllm", "vllm_service", "fleet_door", "cluster", "port_filter")
+            for role in (
+                "vllm",
+                "vllm_service",
+                "fleet_door",
+                "cluster",
+                "port_filter",
+                "node_exporter",
+            )
             for kind in ("defaults", "vars")
         ]
         + [str(directory / "values.json")],
@@ -505,6 +521,11 @@ def test_every_server_comes_back_after_a_crash_and_a_door_or_instance_stops_at_i
             continue
         stage = any(kind in name for kind in ("pp-vllm", "rpc-node", "llamacpp"))
         restart = setting_values(unit, "Restart")
+        if name == EXPORTER:
+            # It comes back too, within systemd's own start limit (5 in 10 s).
+            if restart != ["on-failure"] or setting_values(unit, "StartLimitBurst"):
+                wrong[name] = restart
+            continue
         interval = int(setting_values(unit, "StartLimitIntervalSec")[-1])
         burst = setting_values(unit, "StartLimitBurst")
         if stage:

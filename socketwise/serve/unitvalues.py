@@ -492,7 +492,7 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
             errors.append(_problem("vllm_service_metrics_sources", source, "is not one", fix))
     ports = (
         "vllm_service_metrics_port",
-        "vllm_service_node_exporter_port",
+        "node_exporter_port",
         "fleet_door_port",
     ) + CLUSTER_PORTS
     for variable in ports:
