@@ -184,3 +184,16 @@ def test_the_hosts_that_serve_are_all_but_load_generators_fleet_doors_and_monito
     # In the inventory's order: rollout.yml's batches follow it.
     assert fleet.serving_hosts(groups) == ["b", "a", "c"]
     assert fleet.serving_hosts({"all": ["a"]}) == ["a"]
+
+
+def test_the_dry_run_plans_the_build_class_a_host_asks_for(tmp_path):
+    # spr-02's CPU runs amx; asked for avx2 (a wheel set the fleet already has), it is planned
+    # so, as the deploy would build it. Its CPU cannot run zen: refused, naming the variable.
+    env = {"SOCKETWISE_ARTIFACTS": str(tmp_path)}
+    limit = ("-i", str(FLEET), "--limit", "spr-02")
+    asked = run_playbook("playbooks/plan.yml", *limit, "-e", "vllm_build_class=avx2", env=env)
+    assert asked.returncode == 0, asked.output[-3000:]
+    assert json.loads((tmp_path / "spr-02" / "plan.json").read_text())["build"]["class"] == "avx2"
+    refused = run_playbook("playbooks/plan.yml", *limit, "-e", "vllm_build_class=zen", env=env)
+    assert refused.returncode != 0
+    assert "spr-02: vllm_build_class=zen: " in refused.output
