@@ -869,6 +869,18 @@ echo "$(nft list tables | grep -c {table} || true)"
     return {"tables": int(tables), "seen": json.loads(seen), "after_stop": int(after_stop)}
 
 
+def test_the_node_exporter_listens_on_the_backend_address_alone(rendered):
+    """Reachable only through the metrics door (its scrape token, the monitors' addresses):
+    on the backend address (loopback) and its port, reading the kit's marks."""
+    unit = rendered.units[EXPORTER]
+    argv = shlex.split(setting(unit, "ExecStart"))
+    assert argv[0] == "/usr/bin/prometheus-node-exporter"
+    assert sorted(argv[1:]) == [
+        "--collector.textfile.directory=/var/lib/socketwise/metrics",
+        "--web.listen-address=127.0.0.1:9100",
+    ]
+
+
 @NEEDS_NFT
 def test_the_metrics_filter_lets_only_the_monitors_reach_the_metrics_door(rendered):
     """The table of a host whose monitor is at the follower's address: the monitor connects
