@@ -290,9 +290,12 @@ def foreign_inputs(role: str, entry_point: str) -> frozenset[str]:
 
 @cache
 def used_entry_points() -> dict[str, frozenset[str]]:
-    """{role: the entry points something in the kit runs}: main, and every tasks_from of
-    a playbook, a role or a molecule scenario."""
-    used: dict[str, set[str]] = {role: {"main"} for role in ROLES}
+    """{role: the entry points something in the kit runs}: main (a role that has one), and
+    every tasks_from of a playbook, a role or a molecule scenario."""
+    used: dict[str, set[str]] = {
+        role: {"main"} if (REPO / "roles" / role / "tasks" / "main.yml").exists() else set()
+        for role in ROLES
+    }
 
     def visit(value: object) -> None:
         if isinstance(value, list):

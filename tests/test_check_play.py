@@ -41,7 +41,7 @@ def inventory(tmp_path) -> Path:
                     "socketwise_topology_file": str(
                         REPO / "inventories/example-fleet/topologies/r730-01.json"
                     ),
-                    "vllm_service_api_key": KEY,
+                    "credentials_api_key": KEY,
                 }
             }
         }
@@ -87,9 +87,9 @@ REFUSED = [
     (
         "renamed-monitor-token",
         {"monitor_metrics_token_file": "/etc/socketwise/scrape-token"},
-        "monitor_metrics_token_file is now vllm_service_metrics_token_file (the monitors send "
+        "monitor_metrics_token_file is now credentials_metrics_token_file (the monitors send "
         "the token the metrics doors take, read from that one file): set "
-        "vllm_service_metrics_token_file instead",
+        "credentials_metrics_token_file instead",
     ),
     (
         "renamed-fleet-port",
@@ -102,6 +102,14 @@ REFUSED = [
         {"vllm_service_node_exporter_port": 9101},
         "vllm_service_node_exporter_port is now node_exporter_port (the node exporter is the "
         "node_exporter role's): set node_exporter_port instead",
+    ),
+    (
+        "renamed-api-key",
+        {"vllm_service_api_key": KEY, "vllm_service_tls": True},
+        "vllm_service_api_key is now credentials_api_key (the keys, tokens and certificates are "
+        "the credentials role's): set credentials_api_key instead; vllm_service_tls is now "
+        "credentials_tls (the keys, tokens and certificates are the credentials role's): set "
+        "credentials_tls instead",
     ),
     (
         "node-exporter-port",
@@ -149,8 +157,8 @@ REFUSED = [
     (
         "anonymous-public",
         # Open to the network with no key: refused unless asked for on purpose.
-        {"vllm_service_listen_address": "0.0.0.0", "vllm_service_api_key": ""},
-        "vllm_service_api_key: is empty and the front door listens on 0.0.0.0",
+        {"vllm_service_listen_address": "0.0.0.0", "credentials_api_key": ""},
+        "credentials_api_key: is empty and the front door listens on 0.0.0.0",
     ),
     (
         "public-backend",
@@ -168,35 +176,35 @@ REFUSED = [
         # The certificate's variable misspelled: the door would serve plain HTTP with the
         # key in cleartext on the host.
         "tls-key-alone",
-        {"vllm_service_tls_key": "/etc/hostname"},
-        "vllm_service_tls_key is set but vllm_service_tls_cert is empty; give both PEM files",
+        {"credentials_tls_key": "/etc/hostname"},
+        "credentials_tls_key is set but credentials_tls_cert is empty; give both PEM files",
     ),
     (
         # The kit would issue its own certificate and leave the key given unused.
         "tls-key-with-kit-tls",
-        {"vllm_service_tls": True, "vllm_service_tls_key": "/etc/hostname"},
-        "vllm_service_tls_key is set but vllm_service_tls_cert is empty; give both PEM files",
+        {"credentials_tls": True, "credentials_tls_key": "/etc/hostname"},
+        "credentials_tls_key is set but credentials_tls_cert is empty; give both PEM files",
     ),
     (
         "tls-name",
-        {"vllm_service_tls": True, "vllm_service_tls_names": ["door.example", "bad name"]},
-        "'bad name' is neither an IP address nor a DNS name; fix it in vllm_service_tls_names",
+        {"credentials_tls": True, "credentials_tls_names": ["door.example", "bad name"]},
+        "'bad name' is neither an IP address nor a DNS name; fix it in credentials_tls_names",
     ),
     (
         "tls-cert-missing",
-        {"vllm_service_tls_cert": "/nonexistent/door.pem", "vllm_service_tls_key": "/etc/hostname"},
-        "vllm_service_tls_cert=/nonexistent/door.pem: no such file on the controller; give the PEM "
+        {"credentials_tls_cert": "/nonexistent/door.pem", "credentials_tls_key": "/etc/hostname"},
+        "credentials_tls_cert=/nonexistent/door.pem: no such file on the controller; give the PEM "
         "certificate's path",
     ),
     (
         "tls-key-missing",
-        {"vllm_service_tls_cert": "/etc/hostname", "vllm_service_tls_key": "/nonexistent/door.key"},
-        "vllm_service_tls_key=/nonexistent/door.key: no such file on the controller",
+        {"credentials_tls_cert": "/etc/hostname", "credentials_tls_key": "/nonexistent/door.key"},
+        "credentials_tls_key=/nonexistent/door.key: no such file on the controller",
     ),
     (
         "key-file-missing",
-        {"vllm_service_api_key": "", "vllm_service_api_key_file": "/nonexistent/api-key"},
-        "vllm_service_api_key_file=/nonexistent/api-key: no such file on the controller; write "
+        {"credentials_api_key": "", "credentials_api_key_file": "/nonexistent/api-key"},
+        "credentials_api_key_file=/nonexistent/api-key: no such file on the controller; write "
         "the key there",
     ),
     (
@@ -243,15 +251,15 @@ def test_a_build_class_the_cpu_cannot_run_stops_before_anything_is_built(invento
 def test_a_certificate_and_key_that_do_not_belong_together_are_refused(inventory, tmp_path):
     cert, _ = frontdoor.self_signed(tmp_path, "edge-01", "one")
     _, key = frontdoor.self_signed(tmp_path, "edge-01", "two")
-    run = check(inventory, {"vllm_service_tls_cert": str(cert), "vllm_service_tls_key": str(key)})
+    run = check(inventory, {"credentials_tls_cert": str(cert), "credentials_tls_key": str(key)})
     assert refusal(run).startswith(
-        f"{HOST}: vllm_service_tls_cert={cert}, vllm_service_tls_key={key}: the pair cannot "
+        f"{HOST}: credentials_tls_cert={cert}, credentials_tls_key={key}: the pair cannot "
         "serve TLS (KEY_VALUES_MISMATCH)"
     ), refusal(run)
     assert (tmp_path / "two.key").read_text().splitlines()[1] not in run.output
     matching = {
-        "vllm_service_tls_cert": str(cert),
-        "vllm_service_tls_key": str(tmp_path / "one.key"),
+        "credentials_tls_cert": str(cert),
+        "credentials_tls_key": str(tmp_path / "one.key"),
     }
     # The pair that belongs together passes, and the run goes on to the next refusal.
     run = check(inventory, matching | {"vllm_user": "root"})
@@ -267,14 +275,14 @@ def test_the_fleet_front_door_passes_the_same_checks(inventory, tmp_path):
     ca, _ = frontdoor.self_signed(tmp_path, "fleet CA", "ca")
     for given, words in (
         ("fleet_door_port=70000", "fleet_door_port=70000: is not a port"),
-        ("vllm_service_api_key=", "vllm_service_api_key: is empty and the front door listens"),
+        ("credentials_api_key=", "credentials_api_key: is empty and the front door listens"),
         # The CA verifies hosts' TLS doors: this host's door serves plain HTTP.
-        (f"vllm_service_fleet_ca_file={ca}", f"vllm_service_fleet_ca_file={ca}: {HOST} serves"),
+        (f"credentials_fleet_ca_file={ca}", f"credentials_fleet_ca_file={ca}: {HOST} serves"),
         # The fleet door verifies a host's own certificate, and was given no CA for it.
         (
-            {"vllm_service_tls_cert": str(ca), "vllm_service_tls_key": str(tmp_path / "ca.key")},
-            f"{HOST} serves TLS with its own vllm_service_tls_cert={ca} and the fleet door "
-            "verifies it: give the CA that signed it in vllm_service_fleet_ca_file",
+            {"credentials_tls_cert": str(ca), "credentials_tls_key": str(tmp_path / "ca.key")},
+            f"{HOST} serves TLS with its own credentials_tls_cert={ca} and the fleet door "
+            "verifies it: give the CA that signed it in credentials_fleet_ca_file",
         ),
     ):
         run = check(inventory, given, "--limit=lb-01")
@@ -301,6 +309,13 @@ PUBLISHED_PLAY = """
       ansible.builtin.import_role:
         name: vllm_service
         tasks_from: values
+    - name: Check the keys, token and certificate, as check.yml does
+      ansible.builtin.import_role:
+        name: credentials
+        tasks_from: check
+      vars:
+        credentials_door_listen: "{{ vllm_service_door.listen_address }}"
+        credentials_door_addresses: "{{ vllm_service_door.addresses }}"
     - name: Write what other roles read
       ansible.builtin.copy:
         content: "{{ published | to_json }}"
@@ -310,7 +325,8 @@ PUBLISHED_PLAY = """
 
 
 def published(inventory: Path, tmp_path: Path, given: dict, expression: str) -> object:
-    """EXPRESSION (Jinja) as vllm_service publishes it once its values entry point ran."""
+    """EXPRESSION (Jinja) as play 1 publishes it once vllm_service's values and the
+    credentials role's check ran."""
     play = tmp_path / "published.yml"
     play.write_text(PUBLISHED_PLAY.replace("{repo}", str(REPO)))
     out = tmp_path / "published.json"
@@ -325,39 +341,39 @@ def published(inventory: Path, tmp_path: Path, given: dict, expression: str) -> 
     ("given", "key", "keys"),
     [
         ({}, KEY, [KEY]),
-        ({"vllm_service_api_key_previous": KEY[::-1]}, KEY, [KEY, KEY[::-1]]),
-        ({"vllm_service_api_key": "", "vllm_service_listen_address": "127.0.0.1"}, "", []),
-        ({"vllm_service_api_key": "", "api_key_from_files": True}, KEY, [KEY, KEY[::-1]]),
+        ({"credentials_api_key_previous": KEY[::-1]}, KEY, [KEY, KEY[::-1]]),
+        ({"credentials_api_key": "", "vllm_service_listen_address": "127.0.0.1"}, "", []),
+        ({"credentials_api_key": "", "api_key_from_files": True}, KEY, [KEY, KEY[::-1]]),
     ],
     ids=["key", "rotation", "anonymous-loopback", "key-files"],
 )
 def test_the_first_play_decides_the_keys_every_door_takes(inventory, tmp_path, given, key, keys):
-    """The one place the client keys are decided (vllm_service: values): the key clients
+    """The one place the client keys are decided (credentials: check): the key clients
     send, and every key a door takes, from the values or the files on the controller."""
     given = dict(given)
     if given.pop("api_key_from_files", False):
         (tmp_path / "key").write_text(KEY + "\n")
         (tmp_path / "previous").write_text(KEY[::-1] + "\n")
         given |= {
-            "vllm_service_api_key_file": str(tmp_path / "key"),
-            "vllm_service_api_key_previous_file": str(tmp_path / "previous"),
+            "credentials_api_key_file": str(tmp_path / "key"),
+            "credentials_api_key_previous_file": str(tmp_path / "previous"),
         }
-    decided = "{{ {'key': vllm_service_client_key, 'keys': vllm_service_client_keys} }}"
+    decided = "{{ {'key': credentials_client_key, 'keys': credentials_client_keys} }}"
     assert published(inventory, tmp_path, given, decided) == {"key": key, "keys": keys}
 
 
 def test_a_tls_door_is_verified_with_the_ca_that_signed_it(inventory, tmp_path):
-    """vllm_service_door_ca_file, which the benchmark's load generator verifies the door
+    """credentials_door.ca_file, which the benchmark's load generator verifies the door
     with: none for plain HTTP; the kit's CA for the kit's certificate; the operator's CA
     for the operator's certificate, or the client's system CAs without one."""
-    ca_file = "{{ vllm_service_door_ca_file }}"
+    ca_file = "{{ credentials_door.ca_file }}"
     assert published(inventory, tmp_path, {}, ca_file) == ""
-    kit = {"vllm_service_tls": True, "vllm_service_credentials_dir": str(tmp_path / "kit")}
+    kit = {"credentials_tls": True, "credentials_dir": str(tmp_path / "kit")}
     assert published(inventory, tmp_path, kit, ca_file) == str(tmp_path / "kit/door-ca.pem")
     cert, key = frontdoor.self_signed(tmp_path, HOST)
-    own = {"vllm_service_tls_cert": str(cert), "vllm_service_tls_key": str(key)}
+    own = {"credentials_tls_cert": str(cert), "credentials_tls_key": str(key)}
     assert published(inventory, tmp_path, own, ca_file) == ""
-    ca = {"vllm_service_fleet_ca_file": str(cert)}
+    ca = {"credentials_fleet_ca_file": str(cert)}
     assert published(inventory, tmp_path, own | ca, ca_file) == str(cert)
 
 
@@ -380,7 +396,7 @@ def test_numbers_given_with_e_are_taken_as_the_numbers_they_spell(inventory):
         "vllm_service_start_limit_burst=3",
         "vllm_service_restart_sec=5",
         "vllm_service_ready_timeout=600",
-        "vllm_service_allow_anonymous=no",
+        "credentials_allow_anonymous=no",
         "vllm_service_max_model_len=4096",
         "vllm_model_path=/nonexistent/model",
     )
@@ -426,12 +442,12 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
     # A monitored host needs the scrape token.
     run = check(inventory, f"--limit={HOST}")
     assert refusal(run).startswith(
-        f"{HOST}: vllm_service_metrics_token_file is empty, but the inventory has monitor hosts "
+        f"{HOST}: credentials_metrics_token_file is empty, but the inventory has monitor hosts "
         "(mon-01)"
     ), refusal(run)
     token = tmp_path / "scrape-token"
     token.write_text("scrape-" + "t" * 24 + "\n")
-    given = {"vllm_service_metrics_token_file": str(token)}
+    given = {"credentials_metrics_token_file": str(token)}
     held = socket.create_server(("127.0.0.1", 0))
     for bad, words in (
         (
@@ -459,7 +475,7 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
     # The API key as the scrape token: a monitor would hold a key that gets completions.
     token.write_text(KEY + "\n")
     run = check(inventory, given, f"--limit={HOST}")
-    assert refusal(run).startswith(f"{HOST}: vllm_service_metrics_token_file: holds an API key"), (
+    assert refusal(run).startswith(f"{HOST}: credentials_metrics_token_file: holds an API key"), (
         refusal(run)
     )
     assert KEY not in refusal(run)

@@ -412,7 +412,7 @@ def test_the_head_s_front_door_serves_tls_from_the_inventory_pair(
     serving = cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}")
     cluster.deployed(
         ["cluster1", "cluster2", "cluster3"],
-        *("-e", f"vllm_service_tls_cert={cert}", "-e", f"vllm_service_tls_key={key}"),
+        *("-e", f"credentials_tls_cert={cert}", "-e", f"credentials_tls_key={key}"),
     )
     # Only the front door restarted: llama-server kept serving, the same process.
     assert cluster.on(HEAD, f"systemctl show -p MainPID --value {HEAD_UNIT}") == serving

@@ -106,7 +106,7 @@ init_plugin_loader([sys.argv[1]])
 core = "ansible_collections.socketwise.kit.plugins.module_utils.socketwise."
 typed = filter_loader.get("socketwise.kit.typed")
 on_load = sorted(name for name in sys.modules if name.startswith(core))
-assert typed.j2_function({"vllm_service_tls": "yes"}) == {"vllm_service_tls": True}
+assert typed.j2_function({"credentials_tls": "yes"}) == {"credentials_tls": True}
 on_call = sorted(name[len(core):] for name in sys.modules if name.startswith(core))
 print(json.dumps([on_load, on_call]))
 """

@@ -645,8 +645,8 @@ def test_tls_on_the_front_door_from_a_certificate_in_the_inventory(
     run = deploy(
         artifacts,
         "-e", "plan_layout=sn",
-        "-e", f"vllm_service_tls_cert={cert}",
-        "-e", f"vllm_service_tls_key={tls_key}",
+        "-e", f"credentials_tls_cert={cert}",
+        "-e", f"credentials_tls_key={tls_key}",
     )  # fmt: skip
     assert run.returncode == 0, run.output[-4000:]
     # Only the front door restarted: the instance kept serving, the same process.

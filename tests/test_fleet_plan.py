@@ -158,10 +158,10 @@ def test_hosts_exempt_the_fleet_door_by_the_address_it_connects_from():
 def test_the_fleet_door_counts_a_host_as_taking_its_certificate_once_it_has_the_ca():
     hostvars = {
         # Given the CA in this run (fleet-client-ca.yml's copy, changed or not).
-        "copied": {"vllm_service_fleet_client_ca_copy": {"changed": True}},
+        "copied": {"credentials_fleet_client_ca_copy": {"changed": True}},
         # Had it when the first play looked, not reached since.
         "had": {
-            "vllm_service_fleet_client_ca_copy": {"skipped": True},
+            "credentials_fleet_client_ca_copy": {"skipped": True},
             "__vllm_service_fleet_client_ca_found": {"stat": {"exists": True}},
         },
         # Not yet: rollout.yml's first fleet play comes before any host's.

@@ -303,13 +303,13 @@ HOST_ONLY_KEY = "sk-host-only-" + uuid.uuid4().hex
 # Where the role's fleet-credentials.yml makes the fleet door's client certificate and CA.
 KIT = "kit-credentials"
 # Where its door-certificate.yml makes the kit's door CA and issues the host door's
-# certificate of vllm_service_tls (for localhost, the play's host, and ADDRESS).
+# certificate of credentials_tls (for localhost, the play's host, and ADDRESS).
 DOOR_KIT = "door-credentials"
 KIT_ISSUED = ("fleet-kit", "fleet-kit-misnamed")
 
 
 def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) -> dict:
-    """Task vars of a fleet door over a host's TLS door, with vllm_service_fleet_ca_file
+    """Task vars of a fleet door over a host's TLS door, with credentials_fleet_ca_file
     set and its copy (fleet.yml's) at DIRECTORY/CA."""
     return {
         "fleet_door_port": ports[name],
@@ -317,7 +317,7 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
         "__fleet_door_servers": [
             {"name": "host1", "address": ADDRESS, "port": ports[HOSTS_OF[name]], "tls": True}
         ],
-        "vllm_service_fleet_ca_file": "ca.crt",
+        "credentials_fleet_ca_file": "ca.crt",
         "__fleet_door_ca": str(directory / ca),
     }
 
@@ -352,10 +352,13 @@ def render(
         # As the node_exporter role's check publishes it.
         "node_exporter_service": {"port": backend_port, "unit": "socketwise-node-exporter.service"},
         "fleet_door_port": ports["fleet"],
-        "vllm_service_api_key": KEY,
-        # As roles/vllm_service/tasks/values.yml publishes them, from the key variables.
-        "vllm_service_client_key": "{{ __vllm_service_api_key }}",
-        "vllm_service_client_keys": "{{ __vllm_service_client_keys }}",
+        "credentials_api_key": KEY,
+        # As the credentials role's check publishes them, from the key variables, and what
+        # its fleet-client-ca publishes.
+        "credentials_client_key": "{{ __credentials_api_key }}",
+        "credentials_client_keys": "{{ __credentials_client_keys }}",
+        "credentials_door": "{{ __credentials_door }}",
+        "credentials_fleet_client_pins": "{{ __credentials_fleet_client_pins }}",
         "vllm_service_max_body_bytes": MAX_BODY,
         "socketwise_plan": plan,
         "__vllm_service_lb_socket": str(directory / "host.sock"),
@@ -378,26 +381,27 @@ def render(
     }
     (directory / "values.json").write_text(json.dumps(values))
     role = REPO / "roles/vllm_service"
+    credentials = REPO / "roles/credentials"
     # Any certificate path turns TLS on; the unit hands the PEM over as a credential.
-    tls = {"vllm_service_tls_cert": "tls.crt"}
+    tls = {"credentials_tls_cert": "tls.crt"}
     # A TLS door behind a fleet door: it takes the fleet door's client certificate.
     fleet_client = tls | {
-        "__vllm_service_takes_fleet_client": True,
-        "vllm_service_credentials_dir": str(directory / KIT),
+        "__credentials_takes_fleet_client": True,
+        "credentials_dir": str(directory / KIT),
         "__vllm_service_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
         "__cluster_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
     }
     # The same with an operator's own CA, which signed another client certificate too.
     operator = operator_credentials(directory)
     fleet_client_of_operator = fleet_client | {
-        "vllm_service_credentials_dir": str(operator),
+        "credentials_dir": str(operator),
         "__vllm_service_fleet_client_ca": str(operator / "fleet-client-ca.pem"),
     }
     # The kit's own pair two days before it expires: the play renews it, and the host's
     # door takes the CAs fleet-client-ca.yml gives it (the new and the replaced).
     renewed = operator_credentials(directory, RENEWED, "socketwise fleet client CA")
     fleet_client_renewed = fleet_client | {
-        "vllm_service_credentials_dir": str(renewed),
+        "credentials_dir": str(renewed),
         "__vllm_service_fleet_client_ca": str(renewed / "host-ca.pem"),
     }
     # The routes a head's door passes, as roles/cluster/vars/main.yml gives them.
@@ -425,7 +429,7 @@ def render(
             "haproxy.cfg.j2",
             own_listener(directory, "host-own-keys", plan, ports["host-own-keys"]) | fleet_client,
         ),
-        # vllm_service_tls: the certificate the role's task issued (start() gives the door).
+        # credentials_tls: the certificate the role's task issued (start() gives the door).
         "host-kit": (
             "haproxy.cfg.j2",
             own_listener(directory, "host-kit", plan, ports["host-kit"]) | fleet_client,
@@ -466,7 +470,7 @@ def render(
         "anonymous": (
             "haproxy.cfg.j2",
             own_listener(directory, "anonymous", plan, ports["anonymous"])
-            | {"vllm_service_api_key": ""},
+            | {"credentials_api_key": ""},
         ),
         "limited": (
             "haproxy.cfg.j2",
@@ -610,6 +614,8 @@ def render(
             "vars_files": [
                 str(role / "defaults/main.yml"),
                 str(role / "vars/main.yml"),
+                str(credentials / "defaults/main.yml"),
+                str(credentials / "vars/main.yml"),
                 str(REPO / "roles/fleet_door/defaults/main.yml"),
                 str(REPO / "roles/fleet_door/vars/main.yml"),
                 str(directory / "values.json"),
@@ -617,38 +623,48 @@ def render(
             "tasks": [
                 {
                     "name": "Make the fleet door's client certificate",
-                    "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
-                    "vars": {"vllm_service_credentials_dir": str(directory / KIT)},
+                    "ansible.builtin.include_tasks": str(
+                        credentials / "tasks/fleet-credentials.yml"
+                    ),
+                    "vars": {"credentials_dir": str(directory / KIT)},
                 },
                 # A kit's pair in its last 30 days is renewed; an operator's is kept as it is.
                 *(
                     {
                         "name": f"Renew the fleet door's client certificate in {where}",
-                        "ansible.builtin.include_tasks": str(role / "tasks/fleet-credentials.yml"),
-                        "vars": {"vllm_service_credentials_dir": str(directory / where)},
+                        "ansible.builtin.include_tasks": str(
+                            credentials / "tasks/fleet-credentials.yml"
+                        ),
+                        "vars": {"credentials_dir": str(directory / where)},
                     }
                     for where in (RENEWED, OPERATOR)
                 ),
                 {
                     "name": "Write the CAs the host's door takes, as fleet-client-ca.yml does",
                     "ansible.builtin.copy": {
-                        "content": "{{ __vllm_service_fleet_client_ca_text }}",
+                        "content": "{{ __credentials_fleet_client_ca_text }}",
                         "dest": str(directory / RENEWED / "host-ca.pem"),
                         "mode": "0644",
                     },
-                    "vars": {"vllm_service_credentials_dir": str(directory / RENEWED)},
+                    "vars": {"credentials_dir": str(directory / RENEWED)},
                 },
                 {
                     "name": "Issue the door's certificate from the kit's CA",
-                    "ansible.builtin.include_tasks": str(role / "tasks/door-certificate.yml"),
-                    "vars": {"vllm_service_credentials_dir": str(directory / DOOR_KIT)},
+                    "ansible.builtin.include_tasks": str(
+                        credentials / "tasks/door-certificate.yml"
+                    ),
+                    "vars": {
+                        "credentials_dir": str(directory / DOOR_KIT),
+                        "credentials_tls": True,
+                        "credentials_door_addresses": [ADDRESS],
+                    },
                 },
                 # The fleet's one host (localhost here) was given that CA this run
                 # (fleet-client-ca.yml's copy): it takes the certificate by now.
                 {
                     "name": "Give the host the certificate's CA",
                     "ansible.builtin.set_fact": {
-                        "vllm_service_fleet_client_ca_copy": {"changed": False}
+                        "credentials_fleet_client_ca_copy": {"changed": False}
                     },
                 },
             ]
@@ -1493,7 +1509,7 @@ def test_a_fleet_door_given_the_hosts_ca_passes_only_a_door_it_signed(front):
 
 
 def test_a_fleet_door_verifies_a_kit_issued_host_door_by_the_hosts_name(front):
-    """vllm_service_tls's certificate, issued by the role's own task from the kit's CA: a
+    """credentials_tls's certificate, issued by the role's own task from the kit's CA: a
     fleet door verifies by default, passes the host's door under the name the certificate
     carries, and refuses the same door under another host's name (its certificate in
     that host's place) before anything reaches it."""

@@ -93,7 +93,8 @@ def test_no_file_reads_another_roles_private_names():
 
 
 def test_the_scan_sees_a_reach_in_and_names_its_owner():
-    assert owner_of_name("vllm_service_api_key") == "vllm_service"
+    assert owner_of_name("credentials_api_key") == "credentials"
+    assert owner_of_name("vllm_service_listen_address") == "vllm_service"
     assert owner_of_name("vllm_venv_path") == "vllm"
     assert owner_of_name("socketwise_plan") is None
     text = "{{ __vllm_service_api_key }} {{ __benchmark_dir }} {{ x.__vllm_y }} a__cluster_b"
@@ -104,7 +105,8 @@ def test_the_scan_sees_a_reach_in_and_names_its_owner():
 # other of its entry points runs anywhere.
 CHECKS = {"vllm_service": "values", "cluster": "check", "host_tuning": "decide",
           "vllm": "prepare", "monitor": "preflight", "rollout": "check",
-          "fleet_door": "preflight", "node_exporter": "check"}  # fmt: skip
+          "fleet_door": "preflight", "node_exporter": "check",
+          "credentials": "check"}  # fmt: skip
 
 
 def specs(role: str) -> dict[str, dict]:

@@ -436,7 +436,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         (inventory / "tls.yml").write_text(
             json.dumps({"all": {"children": {"tls_doors": {"hosts": dict.fromkeys(SERVING, {})}}}})
         )
-        (inventory / "group_vars" / "tls_doors.yml").write_text("vllm_service_tls: true\n")
+        (inventory / "group_vars" / "tls_doors.yml").write_text("credentials_tls: true\n")
         # The fleet door's machine is the monitor too.
         (inventory / "monitor.yml").write_text(
             json.dumps({"all": {"children": {"socketwise_monitor": {"hosts": {MONITOR: {}}}}}})
@@ -631,7 +631,7 @@ def test_the_fleet_front_door_serves_through_every_host_with_the_key_checks(flee
 def test_the_fleet_door_verifies_each_hosts_door_which_takes_its_certificate_alone(
     fleet, noop, tmp_path
 ):
-    """The kit's CA issued each serving host's door certificate (vllm_service_tls): the
+    """The kit's CA issued each serving host's door certificate (credentials_tls): the
     fleet door verifies each by its host's name (it served through both above), a client
     verifies it against the kit's CA by the host's address and not as another host, and a
     host's door takes the fleet door's own certificate in place of the key, not another
@@ -1053,8 +1053,8 @@ def rotated(fleet, failed_rollout) -> tuple[PlaybookRun, dict, dict, dict, str]:
         done, seconds, load = rollout_under_load(
             fleet,
             "client key rotation",
-            *("-e", f"vllm_service_api_key_file={new}"),
-            *("-e", f"vllm_service_api_key_previous_file={api_key_path()}"),
+            *("-e", f"credentials_api_key_file={new}"),
+            *("-e", f"credentials_api_key_previous_file={api_key_path()}"),
         )
     finally:
         early = switched.finish()

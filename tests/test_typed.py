@@ -51,7 +51,7 @@ def test_a_value_that_does_not_spell_its_type_is_named_with_the_value():
 def test_the_types_come_from_the_roles_argument_specs():
     types = declared_types()
     assert types["vllm_service_start_limit_burst"] == "int"
-    assert types["vllm_service_allow_anonymous"] == "bool"
+    assert types["credentials_allow_anonymous"] == "bool"
     assert types["cluster_ctx_size"] == "int"
     assert "vllm_home" not in types, "strings and paths are not converted"
 

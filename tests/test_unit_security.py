@@ -77,7 +77,7 @@ EXPORTER_CAP = ("256M", "64")
 # What a door's unit copies from root's files for HAProxy, at each start and reload.
 DOOR_COPIES = ("client-keys", "scrape-keys", "frontdoor.pem", "fleet-client.pem")
 # A door given a certificate (its path on the controller: the unit reads the host's copy).
-TLS = {"vllm_service_tls_cert": "/controller/door.pem"}
+TLS = {"credentials_tls_cert": "/controller/door.pem"}
 # llama.cpp's cluster model, as socketwise.plan.modelfile.describe reports a GGUF: 32 layers
 # of 8 KV heads of 128, f16 keys and values.
 GGUF = {"path": "/var/cache/socketwise/models/m.gguf", "layers": 32, "gb": 40.0}
@@ -209,9 +209,11 @@ def rendered(tmp_path_factory) -> Rendered:
         "socketwise_build": sn["build"],
         "vllm_model": "/opt/socketwise/models/tiny-llama-0123456789ab",
         "vllm_served_name": "tiny-llama",
-        "vllm_service_api_key": "sk-" + "k" * 32,
-        "vllm_service_client_key": "sk-" + "k" * 32,
-        "vllm_service_client_keys": ["sk-" + "k" * 32],
+        "credentials_api_key": "sk-" + "k" * 32,
+        "credentials_client_key": "sk-" + "k" * 32,
+        "credentials_client_keys": ["sk-" + "k" * 32],
+        # As the credentials role's check publishes it in play 1.
+        "credentials_door": "{{ __credentials_door }}",
         # Facts of the vllm role's prepare and main tasks.
         "vllm_build": {"id": "0123456789ab"},
         "vllm_paths": {"home": "{{ vllm_home }}", "venv": "{{ vllm_venv }}"},
@@ -379,6 +381,7 @@ def rendered(tmp_path_factory) -> Rendered:
             for role in (
                 "vllm",
                 "vllm_service",
+                "credentials",
                 "fleet_door",
                 "cluster",
                 "port_filter",

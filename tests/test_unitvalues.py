@@ -181,7 +181,7 @@ def test_other_extra_args_pass():
 def test_environment_that_looks_like_a_secret_is_refused_with_the_secret_variables(name):
     (error,) = unit_value_errors(SAFE | {"vllm_service_environment": {name: "x" * 20}})
     assert error.startswith(f"vllm_service_environment.{name}=")
-    assert "looks like a secret" in error and "vllm_service_api_key" in error
+    assert "looks like a secret" in error and "credentials_api_key" in error
     assert "x" * 20 not in error, "the value is never shown"
 
 
@@ -281,21 +281,21 @@ KEY = "s3cret-" + "k" * 25
 @pytest.mark.parametrize(
     ("values", "problem"),
     [
-        ({"vllm_service_listen_address": "0.0.0.0"}, "vllm_service_api_key: is empty"),
-        ({"vllm_service_listen_address": "10.1.2.3"}, "vllm_service_api_key: is empty"),
-        ({"vllm_service_api_key": "abc12"}, "vllm_service_api_key: is shorter than 16"),
-        ({"vllm_service_api_key": KEY + '"\n'}, "vllm_service_api_key: is shorter than 16"),
+        ({"credentials_door_listen": "0.0.0.0"}, "credentials_api_key: is empty"),
+        ({"credentials_door_listen": "10.1.2.3"}, "credentials_api_key: is empty"),
+        ({"credentials_api_key": "abc12"}, "credentials_api_key: is shorter than 16"),
+        ({"credentials_api_key": KEY + '"\n'}, "credentials_api_key: is shorter than 16"),
         (
-            {"vllm_service_api_key": KEY, "vllm_service_hf_token": "hf token"},
+            {"credentials_api_key": KEY, "vllm_service_hf_token": "hf token"},
             "vllm_service_hf_token",
         ),
         (
-            {"vllm_service_api_key": KEY, "vllm_service_api_key_previous": KEY[:-1] + "\n"},
-            "vllm_service_api_key_previous: is shorter than 16",
+            {"credentials_api_key": KEY, "credentials_api_key_previous": KEY[:-1] + "\n"},
+            "credentials_api_key_previous: is shorter than 16",
         ),
         (
-            {"vllm_service_listen_address": "127.0.0.1", "vllm_service_api_key_previous": KEY},
-            "vllm_service_api_key_previous: is set but vllm_service_api_key is empty",
+            {"credentials_door_listen": "127.0.0.1", "credentials_api_key_previous": KEY},
+            "credentials_api_key_previous: is set but credentials_api_key is empty",
         ),
     ],
     ids=[
@@ -309,11 +309,11 @@ KEY = "s3cret-" + "k" * 25
     ],  # fmt: skip
 )
 def test_a_public_front_door_needs_a_well_formed_key_and_errors_never_show_it(values, problem):
-    errors = secret_errors({"vllm_service_listen_address": "0.0.0.0"} | values)
+    errors = secret_errors({"credentials_door_listen": "0.0.0.0"} | values)
     assert len(errors) == 1 and errors[0].startswith(problem), errors
     for variable in (
-        "vllm_service_api_key",
-        "vllm_service_api_key_previous",
+        "credentials_api_key",
+        "credentials_api_key_previous",
         "vllm_service_hf_token",
     ):
         secret = values.get(variable)
@@ -321,14 +321,12 @@ def test_a_public_front_door_needs_a_well_formed_key_and_errors_never_show_it(va
 
 
 def test_a_key_or_loopback_or_anonymous_on_purpose_is_accepted():
+    assert secret_errors({"credentials_door_listen": "0.0.0.0", "credentials_api_key": KEY}) == []
+    assert secret_errors({"credentials_door_listen": "127.0.0.11"}) == []
+    # vllm_service's check of the Hugging Face token alone: no door, no key asked for.
+    assert secret_errors({"vllm_service_hf_token": "hf_" + "t" * 20}) == []
     assert (
-        secret_errors({"vllm_service_listen_address": "0.0.0.0", "vllm_service_api_key": KEY}) == []
-    )
-    assert secret_errors({"vllm_service_listen_address": "127.0.0.11"}) == []
-    assert (
-        secret_errors(
-            {"vllm_service_listen_address": "0.0.0.0", "vllm_service_allow_anonymous": True}
-        )
+        secret_errors({"credentials_door_listen": "0.0.0.0", "credentials_allow_anonymous": True})
         == []
     )
 
@@ -459,7 +457,7 @@ def test_a_fleet_ca_must_have_signed_every_host_s_door(tmp_path):
     stranger = {"name": "edge-03", "tls": True, "cert": _signed(tmp_path, "edge-03", "other")}
     (error,) = fleet_ca_errors(ca, [*servers, stranger])
     assert error.startswith(
-        f"vllm_service_fleet_ca_file={ca}: edge-03's vllm_service_tls_cert={stranger['cert']} "
+        f"credentials_fleet_ca_file={ca}: edge-03's credentials_tls_cert={stranger['cert']} "
         "does not verify with it (error 20 at 0 depth lookup: unable to get local issuer"
     ), error
     (error,) = fleet_ca_errors(ca, [{"name": "edge-04", "tls": False, "cert": ""}])
@@ -475,13 +473,13 @@ def test_a_fleet_ca_must_have_signed_every_host_s_door(tmp_path):
 
 
 def test_a_host_door_of_the_operators_own_certificate_needs_the_ca_that_verifies_it(tmp_path):
-    """The fleet door verifies by default: without vllm_service_fleet_ca_file, a host with
+    """The fleet door verifies by default: without credentials_fleet_ca_file, a host with
     its own certificate is refused in one line naming both ways out."""
     own = {"name": "edge-01", "tls": True, "cert": "/pki/edge-01.crt"}
     (error,) = fleet_ca_errors("", [own, {"name": "edge-02", "tls": False, "cert": ""}])
     assert error == (
-        "edge-01 serves TLS with its own vllm_service_tls_cert=/pki/edge-01.crt and the fleet "
-        "door verifies it: give the CA that signed it in vllm_service_fleet_ca_file, or set "
+        "edge-01 serves TLS with its own credentials_tls_cert=/pki/edge-01.crt and the fleet "
+        "door verifies it: give the CA that signed it in credentials_fleet_ca_file, or set "
         "fleet_door_verify: false to take it unverified"
     )
     assert fleet_ca_errors("", [own], verify=False) == []

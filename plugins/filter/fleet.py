@@ -37,13 +37,13 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
     """[{name, address, port, tls, kit, cert}] for every serving host: its own front door's
     address (its ansible_host when that binds a wildcard), the plan's port (plan_port, else
     8000, for a host this run did not plan), whether it speaks TLS and whether with the
-    certificate the kit's CA issued it (vllm_service_tls without a vllm_service_tls_cert)."""
+    certificate the kit's CA issued it (credentials_tls without a credentials_tls_cert)."""
     servers = []
     for host in hosts:
         found = hostvars[host]
         plan = found.get("socketwise_plan")
-        cert = str(found.get("vllm_service_tls_cert") or "")
-        kit = not cert and _switch(found.get("vllm_service_tls", False))
+        cert = str(found.get("credentials_tls_cert") or "")
+        kit = not cert and _switch(found.get("credentials_tls", False))
         servers.append(
             {
                 "name": host,
@@ -51,7 +51,7 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
                 "port": int(plan["endpoint_port"] if plan else found.get("plan_port", 8000)),
                 "tls": bool(cert) or kit,
                 "kit": kit,
-                # On the controller: play 1 checks it against vllm_service_fleet_ca_file.
+                # On the controller: play 1 checks it against credentials_fleet_ca_file.
                 "cert": cert,
             }
         )
@@ -83,7 +83,7 @@ def socketwise_fleet_trusting(hosts, hostvars):
     trusting = []
     for host in hosts:
         found = hostvars[host]
-        copied = found.get("vllm_service_fleet_client_ca_copy") or {}
+        copied = found.get("credentials_fleet_client_ca_copy") or {}
         looked = (found.get("__vllm_service_fleet_client_ca_found") or {}).get("stat") or {}
         if (copied and not copied.get("skipped")) or looked.get("exists"):
             trusting.append(host)

@@ -82,16 +82,16 @@ def groups_in_order(listing: dict, group: str) -> list[str]:
 
 
 def key_file_of(inventory: Path, head: str) -> Path | None:
-    """The head's vllm_service_api_key_file as its inventory resolves it (a path, never the
+    """The head's credentials_api_key_file as its inventory resolves it (a path, never the
     key), or None when it has none."""
     shown = subprocess.run(
         [str(Path(sys.executable).parent / "ansible"), head, "-i", str(inventory),
-         "-m", "ansible.builtin.debug", "-a", "var=vllm_service_api_key_file"],
+         "-m", "ansible.builtin.debug", "-a", "var=credentials_api_key_file"],
         capture_output=True, text=True, check=False, cwd=paths.repo_root(),
     )  # fmt: skip
     if shown.returncode != 0 or "=>" not in shown.stdout:
         raise HostCountError(f"cannot read {head}'s variables from {inventory}: {shown.stdout}")
-    value = json.loads(shown.stdout.split("=>", 1)[1]).get("vllm_service_api_key_file", "")
+    value = json.loads(shown.stdout.split("=>", 1)[1]).get("credentials_api_key_file", "")
     if not value or "VARIABLE IS NOT DEFINED" in value:
         return None
     return Path(value)

@@ -61,7 +61,7 @@ def register(
         "--api-key-file",
         type=Path,
         help="with --hosts: a file with the front door's key (default: the head's "
-        "vllm_service_api_key_file; none: no key)",
+        "credentials_api_key_file; none: no key)",
     )
     parser.set_defaults(func=functools.partial(_run, write_report=write_report))
 

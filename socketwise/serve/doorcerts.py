@@ -1,6 +1,6 @@
 """The kit's own CA for the front doors' TLS, kept on the controller.
 
-A door with `vllm_service_tls: true` and no certificate of the operator's gets one issued
+A door with `credentials_tls: true` and no certificate of the operator's gets one issued
 here: the CA is made once in the credentials directory (door-ca.pem, public, what clients
 and the fleet door verify the doors with; door-ca.key, 0600, kept so that a later deploy
 can renew), and each door's certificate and key go to doors/HOST.pem (0600). A
@@ -50,7 +50,7 @@ def san(names: list[str]) -> list[str]:
             if not DNS.fullmatch(name):
                 raise Refused(
                     f"{name!r} is neither an IP address nor a DNS name; fix it in "
-                    "vllm_service_tls_names, ansible_host or vllm_service_listen_address"
+                    "credentials_tls_names, ansible_host or vllm_service_listen_address"
                 ) from None
             entries.append(f"DNS:{name.rstrip('.')}")
     return list(dict.fromkeys(entries))

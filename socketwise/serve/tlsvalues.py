@@ -21,7 +21,7 @@ def tls_error(cert: str, key: str) -> str | None:
     except (ssl.SSLError, OSError) as wrong:
         reason = getattr(wrong, "reason", None) or type(wrong).__name__
         return (
-            f"vllm_service_tls_cert={cert}, vllm_service_tls_key={key}: the pair cannot serve "
+            f"credentials_tls_cert={cert}, credentials_tls_key={key}: the pair cannot serve "
             f"TLS ({reason}); give a PEM certificate and its unencrypted private key"
         )
     return None
@@ -43,9 +43,9 @@ def certificate_sha256(path: str) -> str:
 
 
 def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[str]:
-    """Why the fleet door could not verify every host's door: CA (vllm_service_fleet_ca_file,
+    """Why the fleet door could not verify every host's door: CA (credentials_fleet_ca_file,
     a file on the controller, or "") not a certificate, a host serving plain HTTP beside it,
-    a host's own certificate (`cert`, its vllm_service_tls_cert) the CA did not sign or no
+    a host's own certificate (`cert`, its credentials_tls_cert) the CA did not sign or no
     CA given for one. A door the kit's CA issued (`kit`) is verified with that CA. SERVERS:
     the fleet's servers ({name, tls, kit, cert}); VERIFY: fleet_door_verify."""
     own = [server for server in servers if not server.get("kit")]
@@ -53,14 +53,14 @@ def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[s
         return []
     if not ca:
         return [
-            f"{server['name']} serves TLS with its own vllm_service_tls_cert={server['cert']} "
+            f"{server['name']} serves TLS with its own credentials_tls_cert={server['cert']} "
             "and the fleet door verifies it: give the CA that signed it in "
-            "vllm_service_fleet_ca_file, or set fleet_door_verify: false to take it "
+            "credentials_fleet_ca_file, or set fleet_door_verify: false to take it "
             "unverified"
             for server in own
             if server["tls"]
         ]
-    variable = f"vllm_service_fleet_ca_file={ca}"
+    variable = f"credentials_fleet_ca_file={ca}"
     try:
         ssl.create_default_context(cafile=ca)
     except (ssl.SSLError, OSError) as wrong:
@@ -71,8 +71,8 @@ def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[s
     for server in own:
         if not server["tls"]:
             errors.append(
-                f"{variable}: {server['name']} serves plain HTTP; give it vllm_service_tls_cert "
-                "signed by that CA, or empty vllm_service_fleet_ca_file"
+                f"{variable}: {server['name']} serves plain HTTP; give it credentials_tls_cert "
+                "signed by that CA, or empty credentials_fleet_ca_file"
             )
             continue
         checked = subprocess.run(
@@ -83,7 +83,7 @@ def fleet_ca_errors(ca: str, servers: list[dict], verify: bool = True) -> list[s
             # openssl's line with the reason: "error 20 at 0 depth lookup: unable to get ..."
             reason = next((line for line in said if line.startswith("error ")), "not verified")
             errors.append(
-                f"{variable}: {server['name']}'s vllm_service_tls_cert={server['cert']} does not "
+                f"{variable}: {server['name']}'s credentials_tls_cert={server['cert']} does not "
                 f"verify with it ({reason}); sign it with that CA, or give the CA that did"
             )
     return errors

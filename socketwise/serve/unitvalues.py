@@ -40,7 +40,7 @@ OWNED_FLAGS = {
     "--served-model-name": "vllm_served_model_name",
     "--host": _SOCKET_ONLY,
     "--port": _SOCKET_ONLY,
-    "--api-key": "vllm_service_api_key",
+    "--api-key": "credentials_api_key",
     "--dtype": "vllm_service_dtype",
     "--max-model-len": "vllm_service_max_model_len",
     "--tensor-parallel-size": "plan_layout and plan_ranks",
@@ -57,15 +57,15 @@ OWNED_FLAGS = {
     "--master-port": "cluster_master_port",
     "--headless": "the cluster's plan",
     "--api-server-count": "the cluster's plan",
-    "--ssl-keyfile": "vllm_service_tls_cert and vllm_service_tls_key (TLS is the front door's)",
-    "--ssl-certfile": "vllm_service_tls_cert and vllm_service_tls_key (TLS is the front door's)",
+    "--ssl-keyfile": "credentials_tls_cert and credentials_tls_key (TLS is the front door's)",
+    "--ssl-certfile": "credentials_tls_cert and credentials_tls_key (TLS is the front door's)",
     "--uds": _SOCKET_ONLY,
     "--uvicorn-log-level": "the kit (warning)",
 }
 OWNED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
                      "-dp": "--data-parallel-size"}  # fmt: skip
 # Environment the units set themselves, and names that hold a secret: a unit is
-# world-readable, the secrets go to root-only files (vllm_service_api_key, _hf_token).
+# world-readable, the secrets go to root-only files (credentials_api_key, _hf_token).
 OWNED_ENVIRONMENT = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD", "HOME",
                      "USER", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "HF_HUB_OFFLINE"}  # fmt: skip
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PRIVATE", re.IGNORECASE)
@@ -232,7 +232,7 @@ def _environment_errors(environment: object) -> list[str]:
                     variable,
                     name,
                     "looks like a secret, and a unit file is readable by every local user",
-                    "give the API key as vllm_service_api_key and a Hugging Face token as "
+                    "give the API key as credentials_api_key and a Hugging Face token as "
                     "vllm_service_hf_token (both go to root-only files), or rename a variable "
                     "that holds no secret",
                 )
@@ -503,13 +503,14 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
 
 
 def secret_errors(values: Mapping[str, object]) -> list[str]:
-    """What is wrong with the API key and the Hugging Face token, naming the variable but
-    never the value; a scrape token (vllm_service_metrics_token, read from its file) that
-    is an API key; and a public front door without a key that was not asked for."""
+    """What is wrong with the API keys and the Hugging Face token, naming the variable but
+    never the value; a scrape token (credentials_metrics_token, read from its file) that
+    is an API key; and, given where the door listens (credentials_door_listen), a public
+    front door without a key that was not asked for."""
     errors = []
     for variable in (
-        "vllm_service_api_key",
-        "vllm_service_api_key_previous",
+        "credentials_api_key",
+        "credentials_api_key_previous",
         "vllm_service_hf_token",
     ):
         secret = values.get(variable) or ""
@@ -518,33 +519,35 @@ def secret_errors(values: Mapping[str, object]) -> list[str]:
                 f"{variable}: is shorter than 16 characters or holds others than letters, "
                 "digits and . _ ~ + / = -; generate one with `openssl rand -hex 32`"
             )
-    token = values.get("vllm_service_metrics_token")
+    token = values.get("credentials_metrics_token")
     if token and token in (
-        values.get("vllm_service_api_key"),
-        values.get("vllm_service_api_key_previous"),
+        values.get("credentials_api_key"),
+        values.get("credentials_api_key_previous"),
     ):
         errors.append(
-            "vllm_service_metrics_token_file: holds an API key; the monitors would hold a key "
+            "credentials_metrics_token_file: holds an API key; the monitors would hold a key "
             "that gets completions: write another token there (`openssl rand -hex 32`)"
         )
-    if values.get("vllm_service_api_key_previous") and not values.get("vllm_service_api_key"):
+    if values.get("credentials_api_key_previous") and not values.get("credentials_api_key"):
         errors.append(
-            "vllm_service_api_key_previous: is set but vllm_service_api_key is empty; a "
-            "rotation gives the new key as vllm_service_api_key and the one it replaces here"
+            "credentials_api_key_previous: is set but credentials_api_key is empty; a "
+            "rotation gives the new key as credentials_api_key and the one it replaces here"
         )
-    listen = str(values.get("vllm_service_listen_address", ""))
+    if "credentials_door_listen" not in values:
+        return errors
+    listen = str(values["credentials_door_listen"])
     try:
         public = not ipaddress.ip_address(listen).is_loopback
     except ValueError:
         public = True
     if (
         public
-        and not values.get("vllm_service_api_key")
-        and not values.get("vllm_service_allow_anonymous")
+        and not values.get("credentials_api_key")
+        and not values.get("credentials_allow_anonymous")
     ):
         errors.append(
-            f"vllm_service_api_key: is empty and the front door listens on {listen}, which "
-            "is not a loopback address; set vllm_service_api_key (with Ansible Vault) or "
-            "vllm_service_api_key_file, or vllm_service_allow_anonymous: true on purpose"
+            f"credentials_api_key: is empty and the front door listens on {listen}, which "
+            "is not a loopback address; set credentials_api_key (with Ansible Vault) or "
+            "credentials_api_key_file, or credentials_allow_anonymous: true on purpose"
         )
     return errors
