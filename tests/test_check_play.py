@@ -324,14 +324,16 @@ PUBLISHED_PLAY = """
 """
 
 
-def published(inventory: Path, tmp_path: Path, given: dict, expression: str) -> object:
+def published(
+    inventory: Path, tmp_path: Path, given: dict, expression: str, *arguments: str
+) -> object:
     """EXPRESSION (Jinja) as play 1 publishes it once vllm_service's values and the
     credentials role's check ran."""
     play = tmp_path / "published.yml"
     play.write_text(PUBLISHED_PLAY.replace("{repo}", str(REPO)))
     out = tmp_path / "published.json"
     extra = given | {"published": expression, "published_out": str(out)}
-    run = run_playbook(str(play), "-i", str(inventory), "-e", json.dumps(extra))
+    run = run_playbook(str(play), "-i", str(inventory), "-e", json.dumps(extra), *arguments)
     assert run.returncode == 0, run.output[-3000:]
     assert KEY not in run.output
     return json.loads(out.read_text())
@@ -375,6 +377,22 @@ def test_a_tls_door_is_verified_with_the_ca_that_signed_it(inventory, tmp_path):
     assert published(inventory, tmp_path, own, ca_file) == ""
     ca = {"credentials_fleet_ca_file": str(cert)}
     assert published(inventory, tmp_path, own | ca, ca_file) == str(cert)
+
+
+def test_a_tls_door_takes_the_fleet_doors_certificate_only_behind_a_fleet_door(inventory, tmp_path):
+    """credentials_door.takes_fleet_client, which decides whether a host's door trusts the
+    fleet door's client certificate in place of a key: a TLS door behind a fleet door does;
+    a plain door, or a TLS door with no fleet door in the inventory, takes none."""
+    fleet = yaml.safe_load(inventory.read_text())
+    fleet["all"]["children"] = {"socketwise_frontdoor": {"hosts": {"door-01": {}}}}
+    behind = tmp_path / "fleet.yml"
+    behind.write_text(yaml.safe_dump(fleet))
+    takes = "{{ credentials_door.takes_fleet_client }}"
+    kit = {"credentials_tls": True, "credentials_dir": str(tmp_path / "kit")}
+    # The fleet door's host is only named: play 1 runs on the serving host alone.
+    assert published(behind, tmp_path, kit, takes, "--limit", HOST) is True
+    assert published(behind, tmp_path, {}, takes, "--limit", HOST) is False
+    assert published(inventory, tmp_path, kit, takes) is False
 
 
 def test_a_number_that_does_not_convert_names_the_variable_and_the_value(inventory):
