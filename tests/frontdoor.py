@@ -137,7 +137,7 @@ def answers(address: str, port: int) -> bool:
         return False
 
 
-# The metrics door's port in the lab (vllm_service_metrics_port's default).
+# The metrics door's port in the lab (door_metrics_port's default).
 METRICS_PORT = 9180
 
 

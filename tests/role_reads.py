@@ -277,7 +277,7 @@ def entry_point_reads(role: str, entry_point: str) -> frozenset[str]:
 
 
 def foreign_inputs(role: str, entry_point: str) -> frozenset[str]:
-    """The inputs of other roles that ENTRY_POINT reads (`vllm_service_metrics_port` read
+    """The inputs of other roles that ENTRY_POINT reads (`door_metrics_port` read
     by the monitor): public names of another role that it does not publish."""
     reached = set(reached_names(role, entry_point))
     return frozenset(

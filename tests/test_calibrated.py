@@ -200,7 +200,7 @@ def test_two_groups_of_the_same_hosts_are_refused_rather_than_guessed():
 
 # --- Writing them -----------------------------------------------------------------------
 
-MINE = '# The lab\'s own settings.\nvllm_service_client_limit_exempt: ["127.0.0.1"]\n'
+MINE = '# The lab\'s own settings.\ndoor_client_limit_exempt: ["127.0.0.1"]\n'
 
 
 def test_the_decisions_are_written_beside_what_the_file_had_and_replaced_on_a_rerun(tmp_path):
@@ -212,7 +212,7 @@ def test_the_decisions_are_written_beside_what_the_file_had_and_replaced_on_a_re
     first = path.read_text()
     assert first.startswith(MINE)
     loaded = yaml.safe_load(first)
-    assert loaded["vllm_service_client_limit_exempt"] == ["127.0.0.1"]
+    assert loaded["door_client_limit_exempt"] == ["127.0.0.1"]
     assert {k: loaded[k] for k in AS_WRITTEN} == AS_WRITTEN
     assert loaded["socketwise_calibration"] == RECORD
     # What was written is what the planner reads as its own measurement.

@@ -112,6 +112,14 @@ REFUSED = [
         "credentials_tls instead",
     ),
     (
+        "renamed-door",
+        {"vllm_service_listen_address": "127.0.0.1", "vllm_service_request_timeout": 900},
+        "vllm_service_listen_address is now door_listen_address (the doors' addresses, limits "
+        "and timeouts are the door role's): set door_listen_address instead; "
+        "vllm_service_request_timeout is now door_request_timeout (the doors' addresses, "
+        "limits and timeouts are the door role's): set door_request_timeout instead",
+    ),
+    (
         "node-exporter-port",
         {"node_exporter_port": 70000},
         "node_exporter_port=70000: is not a port; give 1-65535",
@@ -157,20 +165,20 @@ REFUSED = [
     (
         "anonymous-public",
         # Open to the network with no key: refused unless asked for on purpose.
-        {"vllm_service_listen_address": "0.0.0.0", "credentials_api_key": ""},
+        {"door_listen_address": "0.0.0.0", "credentials_api_key": ""},
         "credentials_api_key: is empty and the front door listens on 0.0.0.0",
     ),
     (
         "public-backend",
-        {"vllm_service_backend_address": "0.0.0.0"},
-        "vllm_service_backend_address='0.0.0.0': is not allowed here; give a loopback address",
+        {"door_backend_address": "0.0.0.0"},
+        "door_backend_address='0.0.0.0': is not allowed here; give a loopback address",
     ),
     (
         # A zone: HAProxy's server lines and vLLM's --host take none (a deploy waited ten
         # minutes for a door that never came up).
         "backend-zone",
-        {"vllm_service_backend_address": "::1%lo"},
-        "vllm_service_backend_address='::1%lo': has a zone (%...), which no door or engine takes",
+        {"door_backend_address": "::1%lo"},
+        "door_backend_address='::1%lo': has a zone (%...), which no door or engine takes",
     ),
     (
         # The certificate's variable misspelled: the door would serve plain HTTP with the
@@ -221,8 +229,8 @@ REFUSED = [
     ),
     (
         "request-timeout-zero",
-        {"vllm_service_request_timeout": 0},
-        "vllm_service_request_timeout=0: is less than 1",
+        {"door_request_timeout": 0},
+        "door_request_timeout=0: is less than 1",
     ),
     (
         "gate-tolerance",
@@ -309,13 +317,17 @@ PUBLISHED_PLAY = """
       ansible.builtin.import_role:
         name: vllm_service
         tasks_from: values
+    - name: Check the doors' values
+      ansible.builtin.import_role:
+        name: door
+        tasks_from: check
     - name: Check the keys, token and certificate, as check.yml does
       ansible.builtin.import_role:
         name: credentials
         tasks_from: check
       vars:
-        credentials_door_listen: "{{ vllm_service_door.listen_address }}"
-        credentials_door_addresses: "{{ vllm_service_door.addresses }}"
+        credentials_door_listen: "{{ door_settings.listen_address }}"
+        credentials_door_addresses: "{{ door_settings.addresses }}"
     - name: Write what other roles read
       ansible.builtin.copy:
         content: "{{ published | to_json }}"
@@ -344,7 +356,7 @@ def published(
     [
         ({}, KEY, [KEY]),
         ({"credentials_api_key_previous": KEY[::-1]}, KEY, [KEY, KEY[::-1]]),
-        ({"credentials_api_key": "", "vllm_service_listen_address": "127.0.0.1"}, "", []),
+        ({"credentials_api_key": "", "door_listen_address": "127.0.0.1"}, "", []),
         ({"credentials_api_key": "", "api_key_from_files": True}, KEY, [KEY, KEY[::-1]]),
     ],
     ids=["key", "rotation", "anonymous-loopback", "key-files"],
@@ -409,7 +421,7 @@ def test_numbers_given_with_e_are_taken_as_the_numbers_they_spell(inventory):
     # controller does not have: every value check before it passed.
     run = check(
         inventory,
-        "vllm_service_metrics_port=9181",
+        "door_metrics_port=9181",
         "node_exporter_port=9101",
         "vllm_service_start_limit_burst=3",
         "vllm_service_restart_sec=5",
@@ -478,7 +490,7 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
             {"monitor_alert_webhook_url": "ftp://x"},
             "monitor_alert_webhook_url=ftp://x: give an http:// or https:// URL",
         ),
-        ({"vllm_service_metrics_sources": ["0.0.0.0"]}, "vllm_service_metrics_sources='0.0.0.0'"),
+        ({"door_metrics_sources": ["0.0.0.0"]}, "door_metrics_sources='0.0.0.0'"),
         # A Prometheus of the host's own (this test's listener) holds the port.
         (
             {"monitor_prometheus_port": held.getsockname()[1]},

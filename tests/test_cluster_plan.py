@@ -242,7 +242,7 @@ def _stage_unit(plan: dict, host: str, **values) -> str:
         "vllm_model": "/opt/socketwise/models/tiny llama 50%", "vllm_served_name": "tiny-llama",
         "vllm_service_engine": {"dtype": "", "environment": {}, "extra_args": []},
         "vllm_service_typed": {"vllm_service_max_model_len": None},
-        "vllm_service_backend_address": "127.0.0.1", "__cluster_stage_limits": stage_limits(me),
+        "door_backend_address": "127.0.0.1", "__cluster_stage_limits": stage_limits(me),
         # The filter's unit is tests/test_unit_security.py's: this unit does not require it.
         "__cluster_filtering": False, "__cluster_hosts_file": "/etc/socketwise/cluster/hosts",
         "__cluster_unit_allow": ["localhost", *addresses.values()],

@@ -515,7 +515,7 @@ def test_sn_front_door_passes_only_openai_routes_with_the_key(machine, key, arti
     assert_front_door(key, plan)
     assert_listeners_inside(machine, plan)
     assert_engines_behind_their_door(machine, plan, key)
-    # A body over vllm_service_max_body_bytes (4 MiB) is refused on its declared length,
+    # A body over door_max_body_bytes (4 MiB) is refused on its declared length,
     # before it is sent; one without a length (chunked) is refused too.
     for header, value, status in (
         ("Content-Length", str(4 * 1024 * 1024 + 1), 413),

@@ -140,12 +140,12 @@ def fleet_filters():
 def test_hosts_exempt_the_fleet_door_by_the_address_it_connects_from():
     hostvars = {
         # Binds its own address: the fleet door's `source`, so the one hosts see.
-        "door1": {"ansible_host": "10.0.0.9", "vllm_service_listen_address": "10.0.0.5"},
+        "door1": {"ansible_host": "10.0.0.9", "door_listen_address": "10.0.0.5"},
         # Binds a wildcard: it connects from its ansible_host (the route's address).
         "door2": {"ansible_host": "10.0.0.6"},
         # A name would be resolved once when HAProxy starts: left to the user's list.
         "door3": {"ansible_host": "fleet.example"},
-        "gen1": {"ansible_host": "fd00::7", "vllm_service_listen_address": "::"},
+        "gen1": {"ansible_host": "fd00::7", "door_listen_address": "::"},
     }
     sources = fleet_filters()["fleet_sources"]
     assert sources(["door1", "door2", "door3", "gen1"], hostvars, "0.0.0.0") == [

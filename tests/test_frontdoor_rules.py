@@ -283,7 +283,7 @@ def own_listener(directory: Path, name: str, plan: dict, port: int) -> dict:
     """Task vars that give one more rendering of haproxy.cfg.j2 its own port, metrics port
     and runtime socket."""
     return {
-        "vllm_service_metrics_port": free_port(),
+        "door_metrics_port": free_port(),
         "__vllm_service_lb_socket": str(directory / f"{name}.sock"),
         "socketwise_plan": plan | {"load_balancer": {"port": port, "balance": "leastconn"}},
     }
@@ -341,14 +341,14 @@ def render(
         "instances": [{"name": INSTANCE, "port": backend_port, "max_connections": 8}],
     }
     values = {
-        "vllm_service_listen_address": ADDRESS,
-        "vllm_service_backend_address": ADDRESS,
+        "door_listen_address": ADDRESS,
+        "door_backend_address": ADDRESS,
         "__vllm_service_engine_sockets": {INSTANCE: str(directory / ENGINE_SOCKET)},
-        "vllm_service_metrics_address": ADDRESS,
-        "vllm_service_metrics_port": ports["metrics"],
+        "door_metrics_address": ADDRESS,
+        "door_metrics_port": ports["metrics"],
         # A monitor scrapes from ADDRESS; the node exporter is the test's server too.
-        "__vllm_service_monitored": True,
-        "__vllm_service_metrics_sources": [ADDRESS],
+        "__door_monitored": True,
+        "__door_metrics_sources": [ADDRESS],
         # As the node_exporter role's check publishes it.
         "node_exporter_service": {"port": backend_port, "unit": "socketwise-node-exporter.service"},
         "fleet_door_port": ports["fleet"],
@@ -359,7 +359,7 @@ def render(
         "credentials_client_keys": "{{ __credentials_client_keys }}",
         "credentials_door": "{{ __credentials_door }}",
         "credentials_fleet_client_pins": "{{ __credentials_fleet_client_pins }}",
-        "vllm_service_max_body_bytes": MAX_BODY,
+        "door_max_body_bytes": MAX_BODY,
         "socketwise_plan": plan,
         "__vllm_service_lb_socket": str(directory / "host.sock"),
         "__fleet_door_socket": str(directory / "fleet.sock"),
@@ -476,9 +476,9 @@ def render(
             "haproxy.cfg.j2",
             own_listener(directory, "limited", plan, ports["limited"])
             | {
-                "vllm_service_client_max_connections": LIMITS["connections"],
-                "vllm_service_client_max_rate": LIMITS["rate"],
-                "vllm_service_client_limit_exempt": [EXEMPT],
+                "door_client_max_connections": LIMITS["connections"],
+                "door_client_max_rate": LIMITS["rate"],
+                "door_client_limit_exempt": [EXEMPT],
             },
         ),
         # A host's door whose one engine is gone: nothing listens on its port.
@@ -491,7 +491,7 @@ def render(
                 ports["engine-gone"],
             )
             | {
-                "vllm_service_metrics_port": ports["engine-gone-metrics"],
+                "door_metrics_port": ports["engine-gone-metrics"],
                 "__vllm_service_engine_sockets": {INSTANCE: str(directory / "gone.sock")},
             },
         ),
@@ -567,9 +567,9 @@ def render(
             | {
                 "socketwise_cluster_plan": {"endpoint_port": ports["cluster-limited"]},
                 "__cluster_lb_socket": str(directory / "cluster-limited.sock"),
-                "vllm_service_client_max_connections": LIMITS["connections"],
-                "vllm_service_client_max_rate": LIMITS["rate"],
-                "vllm_service_client_limit_exempt": [EXEMPT],
+                "door_client_max_connections": LIMITS["connections"],
+                "door_client_max_rate": LIMITS["rate"],
+                "door_client_limit_exempt": [EXEMPT],
             },
         ),
         "cluster-tls": (
@@ -590,14 +590,14 @@ def render(
                 "__cluster_engine": "llamacpp",
                 "socketwise_cluster_plan": {"endpoint_port": ports["cluster-llamacpp"]},
                 "__cluster_lb_socket": str(directory / "cluster-llamacpp.sock"),
-                "vllm_service_metrics_port": ports["cluster-llamacpp-metrics"],
+                "door_metrics_port": ports["cluster-llamacpp-metrics"],
             },
         ),
         "cluster-member": (
             "cluster-haproxy.cfg.j2",
             {
                 "__cluster_is_head": False,
-                "vllm_service_metrics_port": ports["cluster-member"],
+                "door_metrics_port": ports["cluster-member"],
                 "__cluster_lb_socket": str(directory / "cluster-member.sock"),
             },
         ),
@@ -605,13 +605,15 @@ def render(
     # Every fleet door and cluster head has a metrics door too, on a port of its own.
     for name, (template, task_vars) in list(tasks.items()):
         if "fleet" in template or "cluster" in template:
-            tasks[name] = (template, {"vllm_service_metrics_port": free_port()} | task_vars)
+            tasks[name] = (template, {"door_metrics_port": free_port()} | task_vars)
     play = [
         {
             "name": "Render the front doors",
             "hosts": "localhost",
             "gather_facts": False,
             "vars_files": [
+                str(REPO / "roles/door/defaults/main.yml"),
+                str(REPO / "roles/door/vars/main.yml"),
                 str(role / "defaults/main.yml"),
                 str(role / "vars/main.yml"),
                 str(credentials / "defaults/main.yml"),

@@ -115,7 +115,7 @@ def decided(tmp_path, outdated: list[str], fresh_start: bool = False) -> tuple[l
     )
     play = [{
         "hosts": "localhost", "gather_facts": False,
-        "vars_files": [str(REPO / "roles/vllm_service/vars/main.yml")],
+        "vars_files": [str(REPO / f"roles/{r}/vars/main.yml") for r in ("door", "vllm_service")],
         "tasks": [{"ansible.builtin.debug": {"msg": shown}}],
     }]  # fmt: skip
     (tmp_path / "play.yml").write_text(json.dumps(play))

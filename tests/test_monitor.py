@@ -58,9 +58,9 @@ def test_a_cluster_is_scraped_at_its_heads_engine_and_every_members_node_and_doo
     plugin = kit_plugin("filter.monitor")
     plan = {"layout": "pp", "head": "c1", "hosts": [{"host": "c1"}, {"host": "c2"}]}
     member = {"socketwise_cluster": "a", "socketwise_engine": "llamacpp",
-              "socketwise_cluster_plan": plan, "vllm_service_metrics_port": "9180"}  # fmt: skip
+              "socketwise_cluster_plan": plan, "door_metrics_port": "9180"}  # fmt: skip
     hostvars = {
-        name: member | {"vllm_service_metrics_address": address}
+        name: member | {"door_metrics_address": address}
         for name, address in [("c1", "10.0.0.1"), ("c2", "10.0.0.2"), ("c3", "10.0.0.3")]
     }
     jobs = plugin.socketwise_scrape_targets(["c1", "c2", "c3"], [], hostvars)
@@ -247,6 +247,8 @@ def test_the_sweeps_monitor_reads_each_engine_on_its_socket(tmp_path):
             "vars_files": [
                 str(REPO / f"roles/{f}")
                 for f in (
+                    "door/defaults/main.yml",
+                    "door/vars/main.yml",
                     "vllm_service/defaults/main.yml",
                     "vllm_service/vars/main.yml",
                     "benchmark/defaults/main.yml",

@@ -20,7 +20,7 @@ def test_several_listeners_are_checked_in_one_call_each_with_its_clashes():
         port = held.getsockname()[1]
         listeners = [
             {"variable": "plan_port", "address": "127.0.0.1", "ports": [port]},
-            {"variable": "vllm_service_metrics_port", "address": "127.0.0.1", "ports": []},
+            {"variable": "door_metrics_port", "address": "127.0.0.1", "ports": []},
         ]
         result, _ = run_module("socketwise.kit.port_owners", {"listeners": listeners})
     first, second = result["results"]

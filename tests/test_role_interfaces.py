@@ -94,7 +94,8 @@ def test_no_file_reads_another_roles_private_names():
 
 def test_the_scan_sees_a_reach_in_and_names_its_owner():
     assert owner_of_name("credentials_api_key") == "credentials"
-    assert owner_of_name("vllm_service_listen_address") == "vllm_service"
+    assert owner_of_name("vllm_service_hf_token") == "vllm_service"
+    assert owner_of_name("door_listen_address") == "door"
     assert owner_of_name("vllm_venv_path") == "vllm"
     assert owner_of_name("socketwise_plan") is None
     text = "{{ __vllm_service_api_key }} {{ __benchmark_dir }} {{ x.__vllm_y }} a__cluster_b"
@@ -153,9 +154,10 @@ def test_the_read_scan_follows_includes_templates_defaults_and_typed_values(tmp_
     assert names_in("{% set y = 1 %}{% for i in x_e %}{{ i + y }}{% endfor %}") == {"x_e"}
     # The kit's own roles: an entry point's includes, the templates its tasks render and the
     # definitions of vars/ those reach.
-    assert "vllm_service_queue_timeout" in entry_point_reads(
+    assert "vllm_service_restart_sec" in entry_point_reads(
         "vllm_service", "main"
-    )  # haproxy.cfg.j2
+    )  # vllm.service.j2
+    assert "door_start_limit_burst" in entry_point_reads("door", "unit")  # socketwise-lb.service.j2
     assert "fleet_door_drain_out" in entry_point_reads("fleet_door", "drain")
     assert "fleet_door_port" not in entry_point_reads("fleet_door", "drain")
     # deploy.yml: tasks_from "{{ 'main' if vllm_service_state ... == 'present' else 'absent' }}"
@@ -189,7 +191,7 @@ def undeclared_foreign_inputs() -> dict[str, list[str]]:
 
 def test_no_entry_point_reads_another_roles_inputs_beyond_the_shrinking_record():
     """An entry point that reads another role's input (the monitor reading
-    vllm_service_metrics_port) depends on that role's inputs, not on what it publishes.
+    door_metrics_port) depends on that role's inputs, not on what it publishes.
     Those that remain are recorded in tests/fixtures/foreign-inputs.yml, which only
     shrinks: a new one fails here (read a declared output of that role instead), and one
     that is gone fails until it leaves the record."""

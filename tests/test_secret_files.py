@@ -102,7 +102,7 @@ def test_removing_the_fleet_door_leaves_a_monitors_token_beside_its_secrets(tmp_
     playbook = tmp_path / "fleet-absent.yml"
     playbook.write_text(FLEET_ABSENT)
     where = {
-        "__vllm_service_secrets_dir": str(secrets),
+        "__door_secrets_dir": str(secrets),
         "__fleet_door_config": str(etc / "fleet-haproxy.cfg"),
         "__fleet_door_unit_dir": str(tmp_path / "units"),
     }

@@ -178,9 +178,9 @@ def dgx_with_minors_reversed(directory: Path) -> dict:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Rendered:
     """Every unit kind through Ansible's template module in one run, as the roles render
-    them: the vllm, vllm_service, fleet_door and cluster roles' defaults/main.yml and vars/main.yml,
-    their filters, and the vars of the role's own task where it has any. The test gives
-    the plans, the facts earlier plays publish, and the addresses."""
+    them: the vllm, door, vllm_service, fleet_door and cluster roles' defaults/main.yml and
+    vars/main.yml, their filters, and the vars of the role's own task where it has any. The
+    test gives the plans, the facts earlier plays publish, and the addresses."""
     directory = tmp_path_factory.mktemp("units")
     r730 = detect(build_machine("r730", directory / "r730"))
     vm = detect(build_machine("vm", directory / "vm"))
@@ -332,11 +332,11 @@ def rendered(tmp_path_factory) -> Rendered:
     cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
     metrics_door = _task_vars("roles/cluster/tasks/metrics.yml", "Render the metrics door's unit")
     # The head's metrics door, which its follower's address (a monitor's) may reach.
-    monitored = {"vllm_service_metrics_address": MEMBERS["head"],
-                 "__vllm_service_metrics_sources": [MEMBERS["follower"]]}  # fmt: skip
+    monitored = {"door_metrics_address": MEMBERS["head"],
+                 "__door_metrics_sources": [MEMBERS["follower"]]}  # fmt: skip
     metrics_filter = (
         _task_vars(
-            "roles/vllm_service/tasks/exporter.yml",
+            "roles/door/tasks/metrics.yml",
             "Keep the metrics door to the monitor hosts in the kernel too",
         )
         | monitored
@@ -345,9 +345,9 @@ def rendered(tmp_path_factory) -> Rendered:
         tasks.append(_task(f"head-{dest}", template, "head", metrics_filter))
     tasks.append(_task(NFTABLES_DROPIN[1], NFTABLES_DROPIN[0], "head", metrics_filter))
     expected[f"head-{METRICS_FIREWALL[1][1]}"] = FIREWALL_CAP
-    # A monitored host's node exporter, on the address vllm_service gives it.
+    # A monitored host's node exporter, on the address the door role gives it.
     exporter = _task_vars(
-        "roles/vllm_service/tasks/exporter.yml", "Serve the node exporter on the backend address"
+        "roles/door/tasks/metrics.yml", "Serve the node exporter on the backend address"
     )
     tasks.append(_task(EXPORTER, "socketwise-node-exporter.service.j2", "single", exporter))
     expected[EXPORTER] = EXPORTER_CAP
@@ -362,7 +362,7 @@ def rendered(tmp_path_factory) -> Rendered:
               {"socketwise_cluster_plan": pp} | cluster_lb),
         # A monitored head's, and a monitored member's metrics door alone.
         _task("monitored-head-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "head",
-              {"socketwise_cluster_plan": pp} | cluster_lb | {"__vllm_service_monitored": True}),
+              {"socketwise_cluster_plan": pp} | cluster_lb | {"__door_monitored": True}),
         _task("follower-socketwise-cluster-lb.service", "socketwise-lb.service.j2", "follower",
               {"socketwise_cluster_plan": pp} | metrics_door),
     ]  # fmt: skip
@@ -380,6 +380,7 @@ def rendered(tmp_path_factory) -> Rendered:
             str(ROLES / role / kind / "main.yml")
             for role in (
                 "vllm",
+                "door",
                 "vllm_service",
                 "credentials",
                 "fleet_door",

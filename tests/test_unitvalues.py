@@ -40,10 +40,10 @@ SAFE = {
     "vllm_user": "vllm",
     "vllm_home": "/opt/socketwise",
     "vllm_venv": "/opt/socketwise/vllm",
-    "vllm_service_listen_address": "127.0.0.11",
-    "vllm_service_backend_address": "127.1.0.11",
-    "vllm_service_metrics_address": "127.1.0.11",
-    "vllm_service_metrics_port": 9180,
+    "door_listen_address": "127.0.0.11",
+    "door_backend_address": "127.1.0.11",
+    "door_metrics_address": "127.1.0.11",
+    "door_metrics_port": 9180,
 }
 
 
@@ -101,6 +101,9 @@ def render_vllm_unit(**values: object) -> str:
     }
     given = {name: values.pop(name, default) for name, default in numbers.items()}
     variables["__vllm_service_typed"] = typed(given, declared_types())
+    # What the door role publishes (door_settings) of the address behind the doors.
+    merged = variables | values
+    variables["door_settings"] = {"backend_address": merged["door_backend_address"]}
     return environment.get_template("vllm.service.j2").render(variables | values)
 
 
@@ -122,7 +125,7 @@ def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
         "vllm_home": "/opt/my dir",
         "vllm_served_name": "tiny llama",
         "vllm_service_dtype": "bfloat16 --enforce-eager",
-        "vllm_service_listen_address": "0.0.0.0\nUser=root",
+        "door_listen_address": "0.0.0.0\nUser=root",
     }
     errors = unit_value_errors(bad)
     assert errors[0].startswith("vllm_service_extra_args[0]='--x\\nUser=root': holds a newline")
@@ -135,7 +138,7 @@ def test_safe_values_pass_and_each_unsafe_one_is_named_with_its_fix():
         "vllm_home",
         "vllm_served_model_name",
         "vllm_service_dtype",
-        "vllm_service_listen_address",
+        "door_listen_address",
     ]
     assert all("; " in error for error in errors), "every refusal says what to do instead"
 
@@ -222,12 +225,12 @@ def test_two_of_the_host_s_own_listeners_on_one_port_are_refused():
         {"variable": "plan_port", "address": "127.0.0.1", "ports": [8001, 8002]},
         {"variable": "plan_port", "address": "0.0.0.0", "ports": [8000]},
     ]
-    metrics = {"variable": "vllm_service_metrics_port", "address": "127.0.0.1", "ports": [9180]}
+    metrics = {"variable": "door_metrics_port", "address": "127.0.0.1", "ports": [9180]}
     assert listener_clashes([*plan, metrics]) == []
     # The front door's wildcard takes 8000 on every address; another address is free.
     for port, address in ((8000, "127.0.0.1"), (8002, "127.0.0.1")):
         (error,) = listener_clashes([*plan, metrics | {"ports": [port]}])
-        assert error.startswith(f"vllm_service_metrics_port={port}: port {port} on {address} is")
+        assert error.startswith(f"door_metrics_port={port}: port {port} on {address} is")
     assert (
         listener_clashes([{**plan[0], "address": "127.0.0.2"}, {**metrics, "ports": [8001]}]) == []
     )
@@ -235,42 +238,42 @@ def test_two_of_the_host_s_own_listeners_on_one_port_are_refused():
 
 def test_only_the_front_door_may_listen_on_a_public_address():
     bad = SAFE | {
-        "vllm_service_backend_address": "0.0.0.0",
-        "vllm_service_metrics_address": "::",
-        "vllm_service_metrics_port": 65536,
+        "door_backend_address": "0.0.0.0",
+        "door_metrics_address": "::",
+        "door_metrics_port": 65536,
         "vllm_model_hf_id": "org/name; rm -rf /",
     }
     errors = unit_value_errors(bad)
     assert [error.split("=", 1)[0] for error in errors] == [
         "vllm_model_hf_id",
-        "vllm_service_backend_address",
-        "vllm_service_metrics_address",
-        "vllm_service_metrics_port",
+        "door_backend_address",
+        "door_metrics_address",
+        "door_metrics_port",
     ]
     assert "give a loopback address such as 127.0.0.1" in errors[1]
-    assert unit_value_errors(SAFE | {"vllm_service_backend_address": "10.0.0.5"}) != []
+    assert unit_value_errors(SAFE | {"door_backend_address": "10.0.0.5"}) != []
     assert unit_value_errors(SAFE | {"vllm_model_hf_id": "microsoft/Phi-4-mini-instruct"}) == []
 
 
 def test_the_per_client_limits_take_counts_and_addresses_only():
     ok = SAFE | {
-        "vllm_service_client_max_connections": 0,
-        "vllm_service_client_max_rate": 100,
-        "vllm_service_client_limit_exempt": ["10.0.0.5", "10.1.0.0/16", "fd00::1"],
+        "door_client_max_connections": 0,
+        "door_client_max_rate": 100,
+        "door_client_limit_exempt": ["10.0.0.5", "10.1.0.0/16", "fd00::1"],
     }
     assert unit_value_errors(ok) == []
     errors = unit_value_errors(
         ok
         | {
-            "vllm_service_client_max_rate": -1,
-            "vllm_service_client_limit_exempt": ["10.0.0.5", "fleet.example", "10.0.0.5 10.0.0.6"],
+            "door_client_max_rate": -1,
+            "door_client_limit_exempt": ["10.0.0.5", "fleet.example", "10.0.0.5 10.0.0.6"],
         }
     )
     assert errors == [
-        "vllm_service_client_max_rate=-1: is less than 0; give 0 or more",
-        "vllm_service_client_limit_exempt='fleet.example': is not one; list IP addresses or "
+        "door_client_max_rate=-1: is less than 0; give 0 or more",
+        "door_client_limit_exempt='fleet.example': is not one; list IP addresses or "
         "CIDR networks such as 10.0.0.5 or 10.0.0.0/24",
-        "vllm_service_client_limit_exempt='10.0.0.5 10.0.0.6': is not one; list IP addresses "
+        "door_client_limit_exempt='10.0.0.5 10.0.0.6': is not one; list IP addresses "
         "or CIDR networks such as 10.0.0.5 or 10.0.0.0/24",
     ]
 

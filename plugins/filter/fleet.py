@@ -15,7 +15,7 @@ WILDCARDS = ("0.0.0.0", "::")
 
 def _address(found, host, default_listen):
     """A door's own address: its listen address, or its ansible_host when that is a wildcard."""
-    listen = str(found.get("vllm_service_listen_address", default_listen))
+    listen = str(found.get("door_listen_address", default_listen))
     return str(found.get("ansible_host", host)) if listen in WILDCARDS else listen
 
 
@@ -63,7 +63,7 @@ def socketwise_fleet_sources(doors, hostvars, default_listen):
     door exempts from its per-client limits: the fleet door carries every client. The fleet
     door connects from its listen address when it has one (fleet-haproxy.cfg.j2's `source`);
     a name is left out (HAProxy would resolve it once, at start): list that door's address
-    in vllm_service_client_limit_exempt instead."""
+    in door_client_limit_exempt instead."""
     sources = []
     for door in doors:
         address = _address(hostvars[door], door, default_listen)

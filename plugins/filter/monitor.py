@@ -12,8 +12,8 @@ from ansible_collections.socketwise.kit.plugins.module_utils.lazy import core_fi
 def _door(found, host):
     return {
         "host": host,
-        "address": str(found.get("vllm_service_metrics_address", "127.0.0.1")),
-        "port": int(found.get("vllm_service_metrics_port", 9180)),
+        "address": str(found.get("door_metrics_address", "127.0.0.1")),
+        "port": int(found.get("door_metrics_port", 9180)),
     }
 
 

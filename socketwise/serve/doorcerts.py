@@ -50,7 +50,7 @@ def san(names: list[str]) -> list[str]:
             if not DNS.fullmatch(name):
                 raise Refused(
                     f"{name!r} is neither an IP address nor a DNS name; fix it in "
-                    "credentials_tls_names, ansible_host or vllm_service_listen_address"
+                    "credentials_tls_names, ansible_host or door_listen_address"
                 ) from None
             entries.append(f"DNS:{name.rstrip('.')}")
     return list(dict.fromkeys(entries))

@@ -79,12 +79,13 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/ru
 MINIMUMS = {
     "vllm_service_restart_sec": 0,
     "vllm_service_start_limit_burst": 1,
+    "door_start_limit_burst": 1,
     "vllm_service_ready_timeout": 1,
-    "vllm_service_request_timeout": 1,
-    "vllm_service_queue_timeout": 1,
-    "vllm_service_max_body_bytes": 1,
-    "vllm_service_client_max_connections": 0,
-    "vllm_service_client_max_rate": 0,
+    "door_request_timeout": 1,
+    "door_queue_timeout": 1,
+    "door_max_body_bytes": 1,
+    "door_client_max_connections": 0,
+    "door_client_max_rate": 0,
     "cluster_ctx_size": 1,
     "cluster_parallel": 1,
     "cluster_check_interval": 1,
@@ -438,14 +439,14 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
     a fleet front door has only the public address and its port)."""
     errors = []
     rules = [
-        ("vllm_service_listen_address", lambda a: True, "give one such as 127.0.0.1 or 0.0.0.0"),
+        ("door_listen_address", lambda a: True, "give one such as 127.0.0.1 or 0.0.0.0"),
         (
-            "vllm_service_backend_address",
+            "door_backend_address",
             lambda a: a.is_loopback,
             "give a loopback address such as 127.0.0.1: only the front door may be reachable",
         ),
         (
-            "vllm_service_metrics_address",
+            "door_metrics_address",
             lambda a: not a.is_unspecified,
             "give the monitoring network's address of this host, or 127.0.0.1, not a wildcard",
         ),
@@ -474,14 +475,14 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
             continue
         if not allowed(parsed):
             errors.append(_problem(variable, address, "is not allowed here", fix))
-    exempt = values.get("vllm_service_client_limit_exempt", [])
+    exempt = values.get("door_client_limit_exempt", [])
     for network in exempt if isinstance(exempt, list) else [exempt]:
         try:
             ipaddress.ip_network(str(network), strict=False)
         except ValueError:
             fix = "list IP addresses or CIDR networks such as 10.0.0.5 or 10.0.0.0/24"
-            errors.append(_problem("vllm_service_client_limit_exempt", network, "is not one", fix))
-    sources = values.get("vllm_service_metrics_sources", [])
+            errors.append(_problem("door_client_limit_exempt", network, "is not one", fix))
+    sources = values.get("door_metrics_sources", [])
     for source in sources if isinstance(sources, list) else [sources]:
         try:
             unspecified = ipaddress.ip_address(str(source)).is_unspecified
@@ -489,9 +490,9 @@ def address_errors(values: Mapping[str, object]) -> list[str]:
             unspecified = True
         if unspecified:
             fix = "list the addresses a monitor's scrapes come from, such as 10.0.0.5, one by one"
-            errors.append(_problem("vllm_service_metrics_sources", source, "is not one", fix))
+            errors.append(_problem("door_metrics_sources", source, "is not one", fix))
     ports = (
-        "vllm_service_metrics_port",
+        "door_metrics_port",
         "node_exporter_port",
         "fleet_door_port",
     ) + CLUSTER_PORTS
