@@ -158,6 +158,30 @@ def test_numbers_given_as_strings_render_as_the_numbers_they_spell():
     assert "--max-model-len 4096 " in text
 
 
+def test_a_doors_start_limit_is_its_own_and_the_engines_stays_theirs():
+    # A door's unit holds at door_start_limit_burst failed starts a minute (given with -e as
+    # a string), whatever the engines' vllm_service_start_limit_burst says.
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(REPO / "templates"), keep_trailing_newline=True,
+        trim_blocks=True,
+    )  # fmt: skip
+    environment.filters.update(comment=comment, dirname=posixpath.dirname,
+                               basename=posixpath.basename)  # fmt: skip
+    door = {"name": "socketwise-lb.service", "port": 8000, "cpus": [], "public": True,
+            "config": "/etc/socketwise/haproxy.cfg", "socket": "/run/socketwise-lb/admin.sock",
+            "secrets_dir": "/etc/socketwise/secrets", "metrics": False, "engines": True,
+            "tls": False}  # fmt: skip
+    text = environment.get_template("socketwise-lb.service.j2").render(
+        ansible_managed="Ansible managed",
+        door_unit=door,
+        __door_typed=typed({"door_start_limit_burst": "3"}, declared_types()),
+        __door_limits={"memory_max": "2G", "tasks_max": 512},
+        vllm_service_engine_group="socketwise-engines",
+    )
+    assert "\nStartLimitBurst=3\nStartLimitIntervalSec=60\n" in text
+    assert "\nStartLimitBurst=7\n" in render_vllm_unit(vllm_service_start_limit_burst="7")
+
+
 @pytest.mark.parametrize(
     "arg",
     ["--host", "--host=0.0.0.0", "--hos", "--served_model_name", "--api-key=x", "-tp", "--port"],
