@@ -65,6 +65,8 @@ INSTANCE = "vllm-sn"
 ENGINE_SOCKET = "engine.sock"
 # A second instance of a host's door, whose engine died (SickEngine).
 SICK = "vllm-dp-1"
+# The second instance of a host's door that a rolling restart drains one instance of.
+SECOND = "vllm-dp-2"
 OPENAI_ROUTES = [
     ("GET", "/v1/models"),
     ("POST", "/v1/completions"),
@@ -332,7 +334,7 @@ def render(
     others += ("host-own-keys",)
     others += ("host-pinned", "host-renewed")
     others += ("fleet-retry", "fleet-busy", "fleet-drain", *STARTED_BY_TESTS)
-    others += ("engine-gone", "engine-sick", "cluster-broken")
+    others += ("engine-gone", "engine-sick", "host-drain", "cluster-broken")
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
     ports = {name: free_port() for name in (*DOORS, *others)}
@@ -513,6 +515,27 @@ def render(
                 "__vllm_service_engine_sockets": {
                     INSTANCE: str(directory / ENGINE_SOCKET),
                     SICK: str(directory / "sick.sock"),
+                }
+            },
+        ),
+        # A host's door over two instances that serve, one of which door: drain takes out
+        # and undrain puts back, as a rolling restart does.
+        "host-drain": (
+            "haproxy.cfg.j2",
+            own_listener(
+                directory,
+                "host-drain",
+                {
+                    "instances": [
+                        {"name": name, "port": free_port(), "max_connections": 8}
+                        for name in (INSTANCE, SECOND)
+                    ]
+                },
+                ports["host-drain"],
+            )
+            | {
+                "__vllm_service_engine_sockets": {
+                    name: str(directory / ENGINE_SOCKET) for name in (INSTANCE, SECOND)
                 }
             },
         ),
@@ -1126,9 +1149,9 @@ def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
     assert [kind for _, kind in events] == ["start", "end"] * 3
 
 
-def fleet_status(front: FrontDoors, door: str) -> dict[str, str]:
-    """{server: status} of a fleet door's `fleet` backend, from its runtime API socket:
-    UP, MAINT or DOWN (a check that failed once leaves UP as UP, not "UP 1/2")."""
+def fleet_status(front: FrontDoors, door: str, backend: str = "fleet") -> dict[str, str]:
+    """{server: status} of a door's BACKEND (a fleet door's `fleet`), from its runtime API
+    socket: UP, MAINT or DOWN (a check that failed once leaves UP as UP, not "UP 1/2")."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
         admin.connect(str(front.directory / f"{door}.sock"))
         admin.sendall(b"show stat\n")
@@ -1138,7 +1161,7 @@ def fleet_status(front: FrontDoors, door: str) -> dict[str, str]:
     return {
         row[column["svname"]]: row[column["status"]].split()[0]
         for row in rows[1:]
-        if row and row[0] == "fleet" and row[column["svname"]] not in ("FRONTEND", "BACKEND")
+        if row and row[0] == backend and row[column["svname"]] not in ("FRONTEND", "BACKEND")
     }
 
 
@@ -1170,6 +1193,45 @@ def test_drain_takes_a_host_out_of_the_fleet_door_and_puts_it_back(front, tmp_pa
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
             admin.connect(socket_path)
             admin.sendall(b"set server fleet/host1 state ready\n")
+
+
+def test_a_rolling_restart_takes_one_instance_out_of_the_hosts_door_and_puts_it_back(
+    front, tmp_path
+):
+    """The door role's drain and undrain, as a rollout's rolling restart runs them around
+    each instance (roles/vllm_service/tasks/restart-one.yml), on a real host's door: out,
+    the door holds that instance in maintenance while the other stays up; back, the door
+    has it up again before the play ends."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(json.dumps({"all": {"hosts": {"door": local}}}))
+    socket_path = str(front.directory / "host-drain.sock")
+    step = {"socket": socket_path, "backend": "vllm_instances", "servers": [INSTANCE]}
+    playbook = tmp_path / "drain.yml"
+    play = {"hosts": "door", "gather_facts": False, "tasks": [{
+        "ansible.builtin.include_role": {"name": "socketwise.kit.door", "tasks_from": "{{ step }}"},
+        "vars": {"door_drain": step},
+    }]}  # fmt: skip
+    playbook.write_text(json.dumps([play]))
+
+    def run(entry_point: str) -> None:
+        done = run_playbook(str(playbook), "-i", str(inventory), "-e", f"step={entry_point}")
+        assert done.returncode == 0, done.output[-3000:]
+
+    both_up = {INSTANCE: "UP", SECOND: "UP"}
+    assert fleet_status(front, "host-drain", "vllm_instances") == both_up
+    try:
+        run("drain")
+        assert fleet_status(front, "host-drain", "vllm_instances") == {
+            INSTANCE: "MAINT",
+            SECOND: "UP",
+        }
+        run("undrain")
+        assert fleet_status(front, "host-drain", "vllm_instances") == both_up
+    finally:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            admin.connect(socket_path)
+            admin.sendall(f"set server vllm_instances/{INSTANCE} state ready\n".encode())
 
 
 @pytest.mark.parametrize("door", DOORS)
