@@ -286,7 +286,7 @@ def own_listener(directory: Path, name: str, plan: dict, port: int) -> dict:
     and runtime socket."""
     return {
         "door_metrics_port": free_port(),
-        "__vllm_service_lb_socket": str(directory / f"{name}.sock"),
+        "door_host_paths": {"socket": str(directory / f"{name}.sock")},
         "socketwise_plan": plan | {"load_balancer": {"port": port, "balance": "leastconn"}},
     }
 
@@ -363,7 +363,9 @@ def render(
         "credentials_fleet_client_pins": "{{ __credentials_fleet_client_pins }}",
         "door_max_body_bytes": MAX_BODY,
         "socketwise_plan": plan,
-        "__vllm_service_lb_socket": str(directory / "host.sock"),
+        "door_host_paths": {"socket": str(directory / "host.sock")},
+        # What vllm_service gives the door role's host entry point.
+        "door_host": "{{ __vllm_service_door_host }}",
         "__fleet_door_socket": str(directory / "fleet.sock"),
         "__fleet_door_servers": [
             {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},

@@ -328,7 +328,12 @@ def rendered(tmp_path_factory) -> Rendered:
     )  # fmt: skip
     cpus = len(hybrid["hybrid"]["cpus_allowed"])
     expected[name] = llamacpp(hybrid, DEEPSEEK["layers"], cpus, cpus)
-    host_door = _task_vars("roles/vllm_service/tasks/render.yml", "Render the load balancer unit")
+    # The door role's host entry point, given what vllm_service gives it.
+    host_door = _task_vars("roles/door/tasks/host.yml", "Render the host's door's unit") | (
+        _task_vars(
+            "roles/vllm_service/tasks/render.yml", "Render the host's door over the instances"
+        )
+    )
     cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
     metrics_door = _task_vars("roles/cluster/tasks/metrics.yml", "Render the metrics door's unit")
     # The head's metrics door, which its follower's address (a monitor's) may reach.
