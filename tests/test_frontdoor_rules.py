@@ -291,6 +291,21 @@ def own_listener(directory: Path, name: str, plan: dict, port: int) -> dict:
     }
 
 
+def over_instances(directory: Path, name: str, port: int, sockets: dict[str, str]) -> dict:
+    """Task vars of a host's door of its own over instances named as SOCKETS' keys, each
+    reached on its socket file in DIRECTORY."""
+    plan = {
+        "instances": [
+            {"name": instance, "port": free_port(), "max_connections": 8} for instance in sockets
+        ]
+    }
+    return own_listener(directory, name, plan, port) | {
+        "__vllm_service_engine_sockets": {
+            instance: str(directory / socket_file) for instance, socket_file in sockets.items()
+        }
+    }
+
+
 # Fleet doors that verify the hosts' doors: with the CA that signed the host's TLS door's
 # certificate (credentials(): it signed itself), and with another; and one over a host's
 # TLS door that knows none of the fleet door's client keys (HOST_ONLY_KEY alone).
@@ -502,44 +517,23 @@ def render(
         # A host's door over two instances, one of them sick (SickEngine on sick.sock).
         "engine-sick": (
             "haproxy.cfg.j2",
-            own_listener(
+            over_instances(
                 directory,
                 "engine-sick",
-                {
-                    "instances": [
-                        {"name": name, "port": free_port(), "max_connections": 8}
-                        for name in (INSTANCE, SICK)
-                    ]
-                },
                 ports["engine-sick"],
-            )
-            | {
-                "__vllm_service_engine_sockets": {
-                    INSTANCE: str(directory / ENGINE_SOCKET),
-                    SICK: str(directory / "sick.sock"),
-                }
-            },
+                {INSTANCE: ENGINE_SOCKET, SICK: "sick.sock"},
+            ),
         ),
         # A host's door over two instances that serve, one of which door: drain takes out
         # and undrain puts back, as a rolling restart does.
         "host-drain": (
             "haproxy.cfg.j2",
-            own_listener(
+            over_instances(
                 directory,
                 "host-drain",
-                {
-                    "instances": [
-                        {"name": name, "port": free_port(), "max_connections": 8}
-                        for name in (INSTANCE, SECOND)
-                    ]
-                },
                 ports["host-drain"],
-            )
-            | {
-                "__vllm_service_engine_sockets": {
-                    name: str(directory / ENGINE_SOCKET) for name in (INSTANCE, SECOND)
-                }
-            },
+                {INSTANCE: ENGINE_SOCKET, SECOND: ENGINE_SOCKET},
+            ),
         ),
         # Reloaded with new keys (test_a_reload_takes_new_keys...).
         "rotating": (
