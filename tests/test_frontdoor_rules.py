@@ -306,6 +306,28 @@ def over_instances(directory: Path, name: str, port: int, sockets: dict[str, str
     }
 
 
+def cluster_door(port: int, engine_socket: Path, engine: str = "vllm", head: bool = True) -> dict:
+    """The door role's door_cluster, as roles/cluster/vars/main.yml gives it: a head's
+    public door on PORT over its engine at ENGINE_SOCKET (llama-server takes 4 at once), or
+    a member's metrics door alone."""
+    return {
+        "head": head,
+        "name": "c1",
+        "port": port,
+        "cpus": [],
+        "engine": {
+            "name": engine,
+            "socket": str(engine_socket),
+            "served_name": "tiny-llama",
+            "check_interval": 2,
+            "max_connections": 4 if engine == "llamacpp" else 0,
+            "metrics_key": engine == "llamacpp",
+        },
+        "client_ca": "",
+        "secrets_dir": "",
+    }
+
+
 # Fleet doors that verify the hosts' doors: with the CA that signed the host's TLS door's
 # certificate (credentials(): it signed itself), and with another; and one over a host's
 # TLS door that knows none of the fleet door's client keys (HOST_ONLY_KEY alone).
@@ -387,16 +409,10 @@ def render(
             # A host whose name does not resolve when the door starts: the door serves.
             {"name": "host2", "address": "host2.invalid", "port": backend_port, "tls": False},
         ],
-        # What roles/cluster/vars/main.yml would give a head (its plan, its typed values).
-        "socketwise_cluster": "c1",
-        "socketwise_cluster_plan": {"endpoint_port": ports["cluster"]},
-        "vllm_served_name": "tiny-llama",
-        "__cluster_is_head": True,
-        "__cluster_engine": "vllm",
-        "__cluster_api_socket": str(directory / ENGINE_SOCKET),
-        "__cluster_listen_address": ADDRESS,
-        "__cluster_lb_socket": str(directory / "cluster.sock"),
-        "__cluster_typed": {"cluster_check_interval": 2, "cluster_parallel": 4},
+        # What roles/cluster/vars/main.yml gives the door role's cluster entry point on a
+        # head (__cluster_door).
+        "door_cluster": cluster_door(ports["cluster"], directory / ENGINE_SOCKET),
+        "door_cluster_paths": {"socket": str(directory / "cluster.sock")},
     }
     (directory / "values.json").write_text(json.dumps(values))
     role = REPO / "roles/vllm_service"
@@ -408,7 +424,6 @@ def render(
         "__credentials_takes_fleet_client": True,
         "credentials_dir": str(directory / KIT),
         "__vllm_service_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
-        "__cluster_fleet_client_ca": str(directory / KIT / "fleet-client-ca.pem"),
     }
     # The same with an operator's own CA, which signed another client certificate too.
     operator = operator_credentials(directory)
@@ -423,9 +438,8 @@ def render(
         "credentials_dir": str(renewed),
         "__vllm_service_fleet_client_ca": str(renewed / "host-ca.pem"),
     }
-    # The routes a head's door passes, as roles/cluster/vars/main.yml gives them.
-    cluster_vars = yaml.safe_load((REPO / "roles/cluster/vars/main.yml").read_text())
-    cluster = {"__cluster_routes": cluster_vars["__cluster_routes"]}
+    # A head's door: the door role's door_cluster above.
+    cluster: dict = {}
 
     def fleet_over(name: str, **hosts: int) -> tuple[str, dict]:
         """A fleet door of its own over plain HTTP host doors, {host name: port}."""
@@ -574,9 +588,8 @@ def render(
             "cluster-haproxy.cfg.j2",
             cluster
             | {
-                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-broken"]},
-                "__cluster_lb_socket": str(directory / "cluster-broken.sock"),
-                "__cluster_api_socket": str(directory / "broken.sock"),
+                "door_cluster": cluster_door(ports["cluster-broken"], directory / "broken.sock"),
+                "door_cluster_paths": {"socket": str(directory / "cluster-broken.sock")},
             },
         ),
         # A head's door with the host's per-client limits, and the same exempt address.
@@ -584,8 +597,8 @@ def render(
             "cluster-haproxy.cfg.j2",
             cluster
             | {
-                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-limited"]},
-                "__cluster_lb_socket": str(directory / "cluster-limited.sock"),
+                "door_cluster": cluster_door(ports["cluster-limited"], directory / ENGINE_SOCKET),
+                "door_cluster_paths": {"socket": str(directory / "cluster-limited.sock")},
                 "door_client_max_connections": LIMITS["connections"],
                 "door_client_max_rate": LIMITS["rate"],
                 "door_client_limit_exempt": [EXEMPT],
@@ -595,8 +608,9 @@ def render(
             "cluster-haproxy.cfg.j2",
             cluster
             | {
-                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-tls"]},
-                "__cluster_lb_socket": str(directory / "cluster-tls.sock"),
+                "door_cluster": cluster_door(ports["cluster-tls"], directory / ENGINE_SOCKET)
+                | {"client_ca": str(directory / KIT / "fleet-client-ca.pem")},
+                "door_cluster_paths": {"socket": str(directory / "cluster-tls.sock")},
             }
             | fleet_client,
         ),
@@ -606,18 +620,19 @@ def render(
             "cluster-haproxy.cfg.j2",
             cluster
             | {
-                "__cluster_engine": "llamacpp",
-                "socketwise_cluster_plan": {"endpoint_port": ports["cluster-llamacpp"]},
-                "__cluster_lb_socket": str(directory / "cluster-llamacpp.sock"),
+                "door_cluster": cluster_door(
+                    ports["cluster-llamacpp"], directory / ENGINE_SOCKET, engine="llamacpp"
+                ),
+                "door_cluster_paths": {"socket": str(directory / "cluster-llamacpp.sock")},
                 "door_metrics_port": ports["cluster-llamacpp-metrics"],
             },
         ),
         "cluster-member": (
             "cluster-haproxy.cfg.j2",
             {
-                "__cluster_is_head": False,
+                "door_cluster": cluster_door(0, directory / ENGINE_SOCKET, head=False),
                 "door_metrics_port": ports["cluster-member"],
-                "__cluster_lb_socket": str(directory / "cluster-member.sock"),
+                "door_cluster_paths": {"socket": str(directory / "cluster-member.sock")},
             },
         ),
     }
@@ -1117,11 +1132,11 @@ def test_a_reload_takes_a_renewed_certificate_and_keeps_the_requests_in_flight(f
 
 
 def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
-    """The role's own task that starts, reloads or restarts a host's door, its action
+    """The door role's own task that starts, reloads or restarts a host's door, its action
     replaced by one that records when it runs on each host and takes a second: on three
     hosts at once (forks), the runs never overlap, so no two doors are down together."""
-    tasks = yaml.safe_load((REPO / "roles/vllm_service/tasks/present.yml").read_text())
-    [start] = [t for t in tasks if t["name"] == "Start the front door"]
+    tasks = yaml.safe_load((REPO / "roles/door/tasks/host-start.yml").read_text())
+    [start] = [t for t in tasks if t["name"] == "Start the host's door"]
     record = tmp_path / "runs"
     door = {k: v for k, v in start.items() if k != "ansible.builtin.systemd_service"}
     door["ansible.builtin.shell"] = (

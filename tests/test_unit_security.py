@@ -334,8 +334,15 @@ def rendered(tmp_path_factory) -> Rendered:
             "roles/vllm_service/tasks/render.yml", "Render the host's door over the instances"
         )
     )
-    cluster_lb = _task_vars("roles/cluster/tasks/frontdoor.yml", "Render the front door's unit")
-    metrics_door = _task_vars("roles/cluster/tasks/metrics.yml", "Render the metrics door's unit")
+    # The door role's cluster entry point, given what the cluster role gives it on the head
+    # (its front door) and on a member (its metrics door).
+    cluster_door = _task_vars("roles/door/tasks/cluster.yml", "Render the cluster's door's unit")
+    cluster_lb = cluster_door | _task_vars(
+        "roles/cluster/tasks/frontdoor.yml", "Render the front door's configuration and unit"
+    )
+    metrics_door = cluster_door | _task_vars(
+        "roles/cluster/tasks/metrics.yml", "Render the metrics door's configuration and unit"
+    )
     # The head's metrics door, which its follower's address (a monitor's) may reach.
     monitored = {"door_metrics_address": MEMBERS["head"],
                  "__door_metrics_sources": [MEMBERS["follower"]]}  # fmt: skip
