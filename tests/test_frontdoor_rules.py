@@ -1135,8 +1135,8 @@ def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
     """The door role's own task that starts, reloads or restarts a host's door, its action
     replaced by one that records when it runs on each host and takes a second: on three
     hosts at once (forks), the runs never overlap, so no two doors are down together."""
-    tasks = yaml.safe_load((REPO / "roles/door/tasks/host-start.yml").read_text())
-    [start] = [t for t in tasks if t["name"] == "Start the host's door"]
+    tasks = yaml.safe_load((REPO / "roles/door/tasks/start.yml").read_text())
+    [start] = [t for t in tasks if t["name"] == "Start the door"]
     record = tmp_path / "runs"
     door = {k: v for k, v in start.items() if k != "ansible.builtin.systemd_service"}
     door["ansible.builtin.shell"] = (
