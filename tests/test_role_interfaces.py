@@ -202,3 +202,78 @@ def test_no_entry_point_reads_another_roles_inputs_beyond_the_shrinking_record()
         for entry, name in new
     ] == []
     assert gone == []
+
+
+def _flat_tasks(tasks: list | None) -> list[dict]:
+    """A task file's tasks in the order they run, blocks opened."""
+    flat = []
+    for task in tasks or []:
+        inner = [t for key in ("block", "rescue", "always") for t in task.get(key) or []]
+        flat += _flat_tasks(inner) if inner else [task]
+    return flat
+
+
+def _role_calls(task: dict) -> list[tuple[str, str, bool]]:
+    """(role, entry point, public) of a task that includes or imports a role."""
+    return [
+        (call["name"].rsplit(".", 1)[-1], call.get("tasks_from", "main"), bool(call.get("public")))
+        for key, call in task.items()
+        if key.rsplit(".", 1)[-1] in ("include_role", "import_role") and isinstance(call, dict)
+    ]
+
+
+def _roles_run_by(role: str, entry_point: str) -> set[str]:
+    """The roles an entry point includes, through its own task files."""
+    found: set[str] = set()
+    seen: set[str] = set()
+
+    def walk(name: str) -> None:
+        name = name if name.endswith(".yml") else f"{name}.yml"
+        if name in seen:
+            return
+        seen.add(name)
+        path = REPO / "roles" / role / "tasks" / name
+        for task in _flat_tasks(yaml.safe_load(path.read_text())):
+            found.update(called for called, _, _ in _role_calls(task))
+            for key, value in task.items():
+                if key.rsplit(".", 1)[-1] in ("include_tasks", "import_tasks"):
+                    target = value if isinstance(value, str) else value["file"]
+                    if "{{" not in target:
+                        walk(target)
+
+    walk(entry_point)
+    return found
+
+
+def test_a_role_that_includes_vllm_service_gives_what_every_door_shares_first():
+    """vllm_service depends on the door role, so a play-level vllm_service (deploy.yml) gives
+    the roles its entry points include (credentials, release) door_settings. Included from
+    another role, it does not: those roles see vllm_service's variables but not those of
+    its dependency, and the run fails with 'door_settings is undefined' (a rollout did, at
+    its install step). Such a role includes door: shared with public: true first."""
+    readers = {
+        role
+        for role in ROLES
+        if role not in ("door", "vllm_service")
+        and any(
+            "door_settings" in path.read_text() for path in (REPO / "roles" / role).rglob("*.yml")
+        )
+    }
+    missing = []
+    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        caller = path.parts[-3]
+        if caller in ("door", "vllm_service"):
+            continue
+        shared = False
+        for task in _flat_tasks(yaml.safe_load(path.read_text())):
+            for role, entry_point, public in _role_calls(task):
+                if (role, entry_point, public) == ("door", "shared", True):
+                    shared = True
+                if role == "vllm_service" and not shared:
+                    needs = _roles_run_by("vllm_service", entry_point) & readers
+                    if needs:
+                        missing.append(
+                            f"{path.relative_to(REPO)}: vllm_service: {entry_point} runs"
+                            f" {', '.join(sorted(needs))}, which read door_settings"
+                        )
+    assert not missing, "include door: shared with public: true first:\n" + "\n".join(missing)
