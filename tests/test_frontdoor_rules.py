@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from .frontdoor import REFUSED_PATHS, self_signed
-from .playbooks import REPO, run_playbook
+from .playbooks import REPO, WRITE_RENDERED, render_task, run_playbook
 
 pytestmark = pytest.mark.skipif(
     shutil.which("haproxy") is None, reason="needs Debian's haproxy (scripts/setup installs it)"
@@ -704,40 +704,16 @@ def render(
                     },
                 },
             ]
-            # Each configuration rendered by Ansible's template engine with its task's
-            # variables, as the template module would, then all written by one task: a
-            # module's run costs a third of a second, a rendering far less.
             + [
-                {
-                    "name": f"Render {name}.cfg",
-                    "ansible.builtin.set_fact": {
-                        "rendered": "{{ rendered | default({}) | combine({"
-                        + json.dumps(str(directory / f"{name}.cfg"))
-                        + ": lookup('ansible.builtin.template', "
-                        + json.dumps(str(REPO / "templates" / template))
-                        + ")}) }}"
-                    },
-                    "vars": task_vars,
-                }
+                render_task(
+                    f"Render {name}.cfg",
+                    str(REPO / "templates" / template),
+                    str(directory / f"{name}.cfg"),
+                    task_vars,
+                )
                 for name, (template, task_vars) in tasks.items()
             ]
-            + [
-                {
-                    "name": "Write the configurations",
-                    "ansible.builtin.command": {
-                        "argv": [
-                            "{{ ansible_playbook_python }}",
-                            "-c",
-                            "import json, os, sys\n"
-                            "for path, text in json.load(sys.stdin).items():\n"
-                            "    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
-                            "    os.write(fd, text.encode()); os.close(fd)\n",
-                        ],
-                        "stdin": "{{ rendered | to_json }}",
-                    },
-                    "changed_when": True,
-                }
-            ],
+            + [WRITE_RENDERED],
         }
     ]
     (directory / "render.yml").write_text(json.dumps(play))

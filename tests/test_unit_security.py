@@ -39,7 +39,7 @@ from socketwise.plan.cluster import ClusterRequest, plan_cluster
 from socketwise.plan.planner import PlanRequest, plan
 
 from .machines import build_machine
-from .playbooks import REPO, run_playbook
+from .playbooks import REPO, WRITE_RENDERED, render_task, run_playbook
 
 pytestmark = pytest.mark.skipif(
     shutil.which("systemd-analyze") is None, reason="needs systemd-analyze (systemd 252 or later)"
@@ -154,16 +154,13 @@ def _task_vars(tasks_file: str, name: str) -> dict:
 
 
 def _task(dest: str, template: str, host: str, task_vars: dict, loop: dict | None = None):
-    return {
-        "name": f"Render {template} on {host} as {dest}",
-        "ansible.builtin.template": {
-            "src": str(TEMPLATES / template),
-            "dest": "{{ __test_dir }}/" + dest,
-            "mode": "0644",
-        },
-        "when": f"inventory_hostname == '{host}'",
-        "vars": task_vars,
-    } | (loop or {})
+    rendering = render_task(
+        f"Render {template} on {host} as {dest}",
+        str(TEMPLATES / template),
+        "{{ __test_dir }}/" + dest,
+        task_vars,
+    )
+    return rendering | {"when": f"inventory_hostname == '{host}'"} | (loop or {})
 
 
 def dgx_with_minors_reversed(directory: Path) -> dict:
@@ -177,7 +174,7 @@ def dgx_with_minors_reversed(directory: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> Rendered:
-    """Every unit kind through Ansible's template module in one run, as the roles render
+    """Every unit kind through Ansible's template engine in one run, as the roles render
     them: the vllm, door, vllm_service, fleet_door and cluster roles' defaults/main.yml and
     vars/main.yml, their filters, and the vars of the role's own task where it has any. The
     test gives the plans, the facts earlier plays publish, and the addresses."""
@@ -403,7 +400,7 @@ def rendered(tmp_path_factory) -> Rendered:
             for kind in ("defaults", "vars")
         ]
         + [str(directory / "values.json")],
-        "tasks": tasks,
+        "tasks": [*tasks, WRITE_RENDERED],
     }
     (directory / "render.yml").write_text(json.dumps([play]))
     run = run_playbook(
