@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -28,24 +29,23 @@ from .playbooks import PlaybookRun, run_playbook
 REPO = Path(__file__).resolve().parent.parent
 HOST = "edge-01"
 KEY = "0123456789abcdef" * 2
+# What a run printed of one host that stopped: its line, the tasks it ran, its lines.
+HostStop = tuple[str, set[str], str]
+
+
+def local_host() -> dict:
+    """A host reached as the controller itself, planned from a saved topology file."""
+    return {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+        "socketwise_topology_file": str(REPO / "inventories/example-fleet/topologies/r730-01.json"),
+        "credentials_api_key": KEY,
+    }
 
 
 @pytest.fixture
 def inventory(tmp_path) -> Path:
-    hosts = {
-        "all": {
-            "hosts": {
-                HOST: {
-                    "ansible_connection": "local",
-                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                    "socketwise_topology_file": str(
-                        REPO / "inventories/example-fleet/topologies/r730-01.json"
-                    ),
-                    "credentials_api_key": KEY,
-                }
-            }
-        }
-    }
+    hosts = {"all": {"hosts": {HOST: local_host()}}}
     path = tmp_path / "hosts.yml"
     path.write_text(yaml.safe_dump(hosts))
     return path
@@ -67,6 +67,27 @@ def refusal(run: PlaybookRun) -> str:
     lines = re.findall(r'"msg": "(.*?)"\}?$', run.output, re.MULTILINE)
     assert lines, run.output[-3000:]
     return lines[-1]
+
+
+def each_hosts_stop(run: PlaybookRun, hosts: Iterable[str]) -> dict[str, HostStop]:
+    """{host: (the line it stopped with, the tasks it ran, what the run printed of it)} of a
+    run over several hosts, each refused on its own."""
+    seen: dict[str, HostStop] = {}
+    task = ""
+    for line in run.output.splitlines():
+        header = re.match(r"TASK \[(.*)\]", line)
+        if header:
+            task = header.group(1)
+            continue
+        # A task delegated to the controller names the host as "HOST -> localhost".
+        said = re.match(r"\w+: \[([^\]\s]+)", line)
+        if said and said.group(1) in hosts:
+            host = said.group(1)
+            stopped, ran, printed = seen.get(host, ("", set(), ""))
+            found = re.search(r'"msg": "(.*?)"\}?$', line)
+            stopped = found.group(1) if line.startswith(("fatal", "failed")) and found else stopped
+            seen[host] = (stopped, ran | {task}, printed + line + "\n")
+    return seen
 
 
 # (id, what the user passed, the start of the line that refuses it)
@@ -241,41 +262,19 @@ REFUSED = [
 
 
 @pytest.fixture(scope="module")
-def refused(tmp_path_factory) -> dict[str, tuple[str, set[str], str]]:
+def refused(tmp_path_factory) -> dict[str, HostStop]:
     """One run of the play over a host per case of REFUSED, each given its bad value as
     its own variables (the play refuses each host on its own, as it does a fleet's): {case:
     (the line its host stopped with, the tasks that host ran, what the run printed of it)}.
     One run in place of one each: a run's start is most of its time."""
-    hosts = {}
-    for case, given, _ in REFUSED:
-        hosts[f"{HOST}-{case}"] = {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-            "socketwise_topology_file": str(
-                REPO / "inventories/example-fleet/topologies/r730-01.json"
-            ),
-            "credentials_api_key": KEY,
-        } | given
+    hosts = {f"{HOST}-{case}": local_host() | given for case, given, _ in REFUSED}
     inventory = tmp_path_factory.mktemp("refused") / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     run = run_playbook("playbooks/check.yml", "-i", str(inventory), "--forks", "8")
     assert run.returncode != 0, run.output[-3000:]
-    seen: dict[str, tuple[str, set[str], str]] = {}
-    task = ""
-    for line in run.output.splitlines():
-        header = re.match(r"TASK \[(.*)\]", line)
-        if header:
-            task = header.group(1)
-            continue
-        # A task delegated to the controller names the host as "HOST -> localhost".
-        said = re.match(r"\w+: \[([^\]\s]+)", line)
-        if said and said.group(1) in hosts:
-            case = said.group(1).removeprefix(f"{HOST}-")
-            stopped, ran, printed = seen.get(case, ("", set(), ""))
-            found = re.search(r'"msg": "(.*?)"\}?$', line)
-            stopped = found.group(1) if line.startswith(("fatal", "failed")) and found else stopped
-            seen[case] = (stopped, ran | {task}, printed + line + "\n")
-    return seen
+    return {
+        host.removeprefix(f"{HOST}-"): stop for host, stop in each_hosts_stop(run, hosts).items()
+    }
 
 
 @pytest.mark.parametrize(
@@ -519,28 +518,44 @@ def test_a_monitor_and_its_hosts_are_refused_in_one_line_before_anything_changes
     token.write_text("scrape-" + "t" * 24 + "\n")
     given = {"credentials_metrics_token_file": str(token)}
     held = socket.create_server(("127.0.0.1", 0))
-    for bad, words in (
-        (
+    port = held.getsockname()[1]
+    # A monitor host per bad value, all refused in one run, each on its own.
+    monitors = {
+        "mon-interval": (
             {"monitor_scrape_interval": "15"},
             "monitor_scrape_interval=15: not a Prometheus duration",
         ),
-        ({"monitor_listen_address": "0.0.0.0"}, "monitor_listen_address=0.0.0.0: give one IP"),
-        ({"monitor_retention_share": 2}, "monitor_retention_share=2.0: give a fraction"),
-        (
+        "mon-listen": (
+            {"monitor_listen_address": "0.0.0.0"},
+            "monitor_listen_address=0.0.0.0: give one IP",
+        ),
+        "mon-share": (
+            {"monitor_retention_share": 2},
+            "monitor_retention_share=2.0: give a fraction",
+        ),
+        "mon-webhook": (
             {"monitor_alert_webhook_url": "ftp://x"},
             "monitor_alert_webhook_url=ftp://x: give an http:// or https:// URL",
         ),
-        ({"door_metrics_sources": ["0.0.0.0"]}, "door_metrics_sources='0.0.0.0'"),
+        "mon-sources": ({"door_metrics_sources": ["0.0.0.0"]}, "door_metrics_sources='0.0.0.0'"),
         # A Prometheus of the host's own (this test's listener) holds the port.
-        (
-            {"monitor_prometheus_port": held.getsockname()[1]},
-            f"monitor_prometheus_port={held.getsockname()[1]}: port {held.getsockname()[1]} "
-            "on 127.0.0.1 is held by",
+        "mon-port": (
+            {"monitor_prometheus_port": port},
+            f"monitor_prometheus_port={port}: port {port} on 127.0.0.1 is held by",
         ),
-    ):
-        run = check(inventory, given | bad, "--limit=mon-01")
-        assert refusal(run).startswith(f"mon-01: {words}"), refusal(run)
-        assert "TASK [topology" not in run.output
+    }
+    hosts["all"]["children"] = {
+        "socketwise_monitor": {
+            "hosts": {name: local_host() | given | bad for name, (bad, _) in monitors.items()}
+        }
+    }
+    inventory.write_text(yaml.safe_dump(hosts))
+    run = check(inventory, "--limit=socketwise_monitor", "--forks=6")
+    stops = each_hosts_stop(run, monitors)
+    for name, (_, words) in monitors.items():
+        stopped, ran, printed = stops[name]
+        assert stopped.startswith(f"{name}: {words}"), printed[-3000:]
+        assert not [task for task in ran if task.startswith("topology")], sorted(ran)
     held.close()
     # The API key as the scrape token: a monitor would hold a key that gets completions.
     token.write_text(KEY + "\n")
