@@ -1130,11 +1130,11 @@ def test_a_reload_takes_a_renewed_certificate_and_keeps_the_requests_in_flight(f
 
 
 def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
-    """The door role's own task that starts, reloads or restarts a host's door, its action
+    """The role's own task that starts, reloads or restarts a host's door, its action
     replaced by one that records when it runs on each host and takes a second: on three
     hosts at once (forks), the runs never overlap, so no two doors are down together."""
-    tasks = yaml.safe_load((REPO / "roles/door/tasks/start.yml").read_text())
-    [start] = [t for t in tasks if t["name"] == "Start the door"]
+    tasks = yaml.safe_load((REPO / "roles/vllm_service/tasks/present.yml").read_text())
+    [start] = [t for t in tasks if t["name"] == "Start the front door"]
     record = tmp_path / "runs"
     door = {k: v for k, v in start.items() if k != "ansible.builtin.systemd_service"}
     door["ansible.builtin.shell"] = (
