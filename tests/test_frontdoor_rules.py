@@ -258,8 +258,11 @@ class _HostDoor(BaseHTTPRequestHandler):
 
 # Ports below the kernel's ephemeral range (32768 on): an outgoing connection of another
 # test never takes one between the check here and HAProxy's bind, as it could a port the
-# kernel once handed out. Each is given once.
-_PORTS = iter(range(random.randrange(20000, 27000), 30000))
+# kernel once handed out. Each is given once, and each of the run's workers (which start
+# their doors at the same time) has its own 1,500: HAProxy binds with SO_REUSEPORT, so two
+# workers' doors given one port would both bind it and share its connections.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % 6
+_PORTS = iter(range(20000 + 1500 * _WORKER + random.randrange(1000), 21500 + 1500 * _WORKER))
 
 
 def free_port() -> int:
@@ -271,7 +274,7 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise AssertionError("no free port left below 30000")
+    raise AssertionError("no free port left in this worker's range")
 
 
 @dataclass
