@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from .frontdoor import REFUSED_PATHS, self_signed
-from .playbooks import REPO, WRITE_RENDERED, render_task, run_playbook
+from .playbooks import REPO, render_all, run_playbook
 
 pytestmark = pytest.mark.skipif(
     shutil.which("haproxy") is None, reason="needs Debian's haproxy (scripts/setup installs it)"
@@ -707,16 +707,12 @@ def render(
                     },
                 },
             ]
-            + [
-                render_task(
-                    f"Render {name}.cfg",
-                    str(REPO / "templates" / template),
-                    str(directory / f"{name}.cfg"),
-                    task_vars,
-                )
-                for name, (template, task_vars) in tasks.items()
-            ]
-            + [WRITE_RENDERED],
+            + render_all(
+                [
+                    (str(REPO / "templates" / template), str(directory / f"{name}.cfg"), task_vars)
+                    for name, (template, task_vars) in tasks.items()
+                ]
+            ),
         }
     ]
     (directory / "render.yml").write_text(json.dumps(play))
