@@ -35,6 +35,22 @@ UNDER_LOAD = {"rollout": "under-load", "sweep": "under-load"}
 # so the last lab to start is a short one and the other worker's quick tests fill the
 # wait for it.
 LAB_MINUTES = {"under-load": 22, "lab": 15, "cluster": 7, "molecule": 6, "tune": 6}
+# The quick modules' seconds alone where they are far more than their count of tests says
+# (a tenth of a second each, the rest): one test of ansible-lint or of six playbook runs
+# takes more than a module of a hundred. The longest go out first, so the run does not end
+# on one worker running one of them while the other waits (-m "not lab" on two workers,
+# 2026-12-06, a 2-core Xeon: the sums of each module's tests).
+QUICK_SECONDS = {
+    "tests/test_check_play.py": 90,
+    "tests/test_frontdoor_rules.py": 75,
+    "tests/test_lint.py": 45,
+    "tests/test_release_role.py": 21,
+    "tests/test_unit_security.py": 19,
+    "tests/test_secret_files.py": 17,
+    "tests/test_report.py": 17,
+    "tests/test_fleet_plan.py": 14,
+    "tests/test_credentials_role.py": 11,
+}
 # The scope of each lab's modules in the schedule below.
 LAB_SCOPES = {lab: UNDER_LOAD.get(lab, lab) for lab in LAB_OF.values() if lab}
 
@@ -58,10 +74,10 @@ def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with a lab as the scope of its modules and a quick module
     as one scope (its module-scoped fixtures, a rendering of every unit or door of about a
     minute, are built once, not once per worker). The labs go out first, longest first,
-    then the quick modules, largest first; a worker gets its next scope only at its last
-    test (it runs a test once it holds the next), and a worker still finishing a lab gets
-    a quick module then, not the next lab: that lab goes to whichever worker is done
-    first, not to one whose last test may run ten minutes."""
+    then the quick modules, longest first (QUICK_SECONDS); a worker gets its next scope
+    only at its last test (it runs a test once it holds the next), and a worker still
+    finishing a lab gets a quick module then, not the next lab: that lab goes to whichever
+    worker is done first, not to one whose last test may run ten minutes."""
     from xdist.scheduler import LoadScopeScheduling
 
     labs = set(LAB_SCOPES.values())
@@ -80,7 +96,7 @@ def pytest_xdist_make_scheduler(config, log):
                     self.workqueue,
                     key=lambda scope: (
                         (0, -LAB_MINUTES[scope]) if scope in labs
-                        else (1, -len(self.workqueue[scope]))
+                        else (1, -QUICK_SECONDS.get(scope, len(self.workqueue[scope]) / 10))
                     ),
                 )  # fmt: skip
                 for scope in first:
