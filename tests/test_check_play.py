@@ -372,7 +372,7 @@ PUBLISHED_PLAY = """
     - name: Write what other roles read
       ansible.builtin.copy:
         content: "{{ published | to_json }}"
-        dest: "{{ published_out }}"
+        dest: "{{ published_out }}/{{ inventory_hostname }}.json"
         mode: "0600"
 """
 
@@ -380,56 +380,86 @@ PUBLISHED_PLAY = """
 def published(
     inventory: Path, tmp_path: Path, given: dict, expression: str, *arguments: str
 ) -> object:
-    """EXPRESSION (Jinja) as play 1 publishes it once vllm_service's values and the
-    credentials role's check ran."""
+    """EXPRESSION (Jinja) as play 1 publishes it on HOST once vllm_service's values and
+    the credentials role's check ran."""
+    return publish(inventory, tmp_path, given, expression, *arguments)[HOST]
+
+
+def published_each(tmp_path: Path, cases: dict[str, dict], expression: str) -> dict:
+    """{case: EXPRESSION as play 1 publishes it} over a host per case, each given its
+    case's values as its own variables, in one run: a run's start is most of its time."""
+    hosts = {f"{HOST}-{case}": local_host() | given for case, given in cases.items()}
+    inventory = tmp_path / "published-hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    done = publish(inventory, tmp_path, {}, expression, "--forks", "8")
+    return {case: done[f"{HOST}-{case}"] for case in cases}
+
+
+def publish(
+    inventory: Path, tmp_path: Path, given: dict, expression: str, *arguments: str
+) -> dict[str, object]:
     play = tmp_path / "published.yml"
     play.write_text(PUBLISHED_PLAY.replace("{repo}", str(REPO)))
-    out = tmp_path / "published.json"
+    out = tmp_path / "published"
+    out.mkdir(exist_ok=True)
     extra = given | {"published": expression, "published_out": str(out)}
     run = run_playbook(str(play), "-i", str(inventory), "-e", json.dumps(extra), *arguments)
     assert run.returncode == 0, run.output[-3000:]
     assert KEY not in run.output
-    return json.loads(out.read_text())
+    return {path.stem: json.loads(path.read_text()) for path in out.glob("*.json")}
+
+
+# (id, what the user passed, the key clients send, every key a door takes)
+KEYS = [
+    ("key", {}, KEY, [KEY]),
+    ("rotation", {"credentials_api_key_previous": KEY[::-1]}, KEY, [KEY, KEY[::-1]]),
+    ("anonymous-loopback", {"credentials_api_key": "", "door_listen_address": "127.0.0.1"}, "", []),
+    ("key-files", {"credentials_api_key": "", "api_key_from_files": True}, KEY, [KEY, KEY[::-1]]),
+]
+
+
+@pytest.fixture(scope="module")
+def decided_keys(tmp_path_factory) -> dict:
+    """What play 1 decided of the keys for each case of KEYS, in one run."""
+    directory = tmp_path_factory.mktemp("keys")
+    (directory / "key").write_text(KEY + "\n")
+    (directory / "previous").write_text(KEY[::-1] + "\n")
+    files = {
+        "credentials_api_key_file": str(directory / "key"),
+        "credentials_api_key_previous_file": str(directory / "previous"),
+    }
+    cases = {}
+    for case, given, _, _ in KEYS:
+        given = dict(given)
+        cases[case] = given | (files if given.pop("api_key_from_files", False) else {})
+    decided = "{{ {'key': credentials_client_key, 'keys': credentials_client_keys} }}"
+    return published_each(directory, cases, decided)
 
 
 @pytest.mark.parametrize(
-    ("given", "key", "keys"),
-    [
-        ({}, KEY, [KEY]),
-        ({"credentials_api_key_previous": KEY[::-1]}, KEY, [KEY, KEY[::-1]]),
-        ({"credentials_api_key": "", "door_listen_address": "127.0.0.1"}, "", []),
-        ({"credentials_api_key": "", "api_key_from_files": True}, KEY, [KEY, KEY[::-1]]),
-    ],
-    ids=["key", "rotation", "anonymous-loopback", "key-files"],
+    ("case", "key", "keys"), [(c[0], c[2], c[3]) for c in KEYS], ids=[c[0] for c in KEYS]
 )
-def test_the_first_play_decides_the_keys_every_door_takes(inventory, tmp_path, given, key, keys):
+def test_the_first_play_decides_the_keys_every_door_takes(decided_keys, case, key, keys):
     """The one place the client keys are decided (credentials: check): the key clients
     send, and every key a door takes, from the values or the files on the controller."""
-    given = dict(given)
-    if given.pop("api_key_from_files", False):
-        (tmp_path / "key").write_text(KEY + "\n")
-        (tmp_path / "previous").write_text(KEY[::-1] + "\n")
-        given |= {
-            "credentials_api_key_file": str(tmp_path / "key"),
-            "credentials_api_key_previous_file": str(tmp_path / "previous"),
-        }
-    decided = "{{ {'key': credentials_client_key, 'keys': credentials_client_keys} }}"
-    assert published(inventory, tmp_path, given, decided) == {"key": key, "keys": keys}
+    assert decided_keys[case] == {"key": key, "keys": keys}
 
 
-def test_a_tls_door_is_verified_with_the_ca_that_signed_it(inventory, tmp_path):
+def test_a_tls_door_is_verified_with_the_ca_that_signed_it(tmp_path):
     """credentials_door.ca_file, which the benchmark's load generator verifies the door
     with: none for plain HTTP; the kit's CA for the kit's certificate; the operator's CA
     for the operator's certificate, or the client's system CAs without one."""
-    ca_file = "{{ credentials_door.ca_file }}"
-    assert published(inventory, tmp_path, {}, ca_file) == ""
     kit = {"credentials_tls": True, "credentials_dir": str(tmp_path / "kit")}
-    assert published(inventory, tmp_path, kit, ca_file) == str(tmp_path / "kit/door-ca.pem")
     cert, key = frontdoor.self_signed(tmp_path, HOST)
     own = {"credentials_tls_cert": str(cert), "credentials_tls_key": str(key)}
-    assert published(inventory, tmp_path, own, ca_file) == ""
     ca = {"credentials_fleet_ca_file": str(cert)}
-    assert published(inventory, tmp_path, own | ca, ca_file) == str(cert)
+    cases = {"plain": {}, "kit": kit, "own": own, "own-ca": own | ca}
+    assert published_each(tmp_path, cases, "{{ credentials_door.ca_file }}") == {
+        "plain": "",
+        "kit": str(tmp_path / "kit/door-ca.pem"),
+        "own": "",
+        "own-ca": str(cert),
+    }
 
 
 def test_a_tls_door_takes_the_fleet_doors_certificate_only_behind_a_fleet_door(inventory, tmp_path):
