@@ -128,3 +128,18 @@ def test_a_name_no_certificate_can_carry_is_refused_in_one_line_before_anything_
     )  # fmt: skip
     assert done.returncode == 2 and said in done.stderr and len(done.stderr.splitlines()) == 1
     assert not (tmp_path / "c").exists()
+
+
+def test_the_ca_signs_doors_alone_and_a_door_certificate_serves_no_client(tmp_path):
+    """The kit's door CA may sign no CA of its own (path length 0), and what it issues a
+    door is for a server alone: a door's certificate shown as a client's (as the fleet
+    door shows its own) is no client certificate. The directory it makes is root's alone."""
+    directory = tmp_path / "credentials"
+    assert issue(directory, "edge-01")["done"] == "issued"
+    authority = x509.load_pem_x509_certificate((directory / "door-ca.pem").read_bytes())
+    constraints = authority.extensions.get_extension_for_class(x509.BasicConstraints)
+    assert constraints.critical and constraints.value.ca and constraints.value.path_length == 0
+    pem = x509.load_pem_x509_certificate((directory / "doors/edge-01.pem").read_bytes())
+    usage = pem.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]
+    assert directory.stat().st_mode & 0o777 == 0o700

@@ -524,3 +524,26 @@ def test_a_certificates_pin_is_openssls_sha256_fingerprint_and_never_reads_the_k
     # Not made yet (a check-mode run before the first deploy), or only a key: no pin.
     assert certificate_sha256(str(tmp_path / "missing.pem")) == ""
     assert certificate_sha256(str(key)) == ""
+
+
+def test_a_key_of_15_characters_is_refused_and_one_of_16_taken():
+    """The refusal says 16 characters at least: a key one shorter is refused, for each
+    secret it names."""
+    for variable in ("credentials_api_key", "vllm_service_hf_token"):
+        short = secret_errors({variable: "k" * 15})
+        assert len(short) == 1 and short[0].startswith(f"{variable}: is shorter than 16"), short
+        assert secret_errors({variable: "k" * 16}) == []
+
+
+def test_a_scrape_token_that_is_the_previous_key_is_refused_during_a_rotation():
+    """While a rotation keeps the previous key, it still gets completions: a monitor that
+    holds it as its scrape token holds a key."""
+    previous = "p" * 32
+    errors = secret_errors(
+        {"credentials_api_key": KEY, "credentials_api_key_previous": previous,
+         "credentials_metrics_token": previous}
+    )  # fmt: skip
+    assert len(errors) == 1 and errors[0].startswith("credentials_metrics_token_file: holds"), (
+        errors
+    )
+    assert previous not in errors[0]
