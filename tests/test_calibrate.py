@@ -326,3 +326,14 @@ def test_limit_picks_the_classes_and_hosts_measured_from_a_survey_of_the_whole_f
         calibrate.targets(FLEET, tmp_path, "r730")
     with pytest.raises(CalibrateError, match="--limit nosuch"):
         calibrate.targets(FLEET, tmp_path, "nosuch")
+
+
+def test_a_ratio_of_exactly_the_bar_counts_at_the_bar_and_a_dtype_tie_keeps_the_rule():
+    """BAR (0.95 of plain vLLM) is reached at 0.95: 95 tok/s against 100 counts. And the
+    other dtype replaces the rule's only by doing better: equal figures keep the rule."""
+    plain = (100, 50, 10)
+    at = figures(baseline=plain, **{"sn-k1": (95, 50, 10)})
+    assert calibrate.at_bar([at], "sn-k1") == 1.0
+    kit = {"sn-k0": (90, 50, 10), "sn-k1": (95, 50, 10), "sn-k2": (101, 49, 9.9)}
+    tie = figures(baseline=plain, **kit, **{"sn-float32": (101, 49, 9.9)})
+    assert choose(target(isa="avx2"), tie, [tie])["decided"]["vllm_service_dtype"] == "bfloat16"

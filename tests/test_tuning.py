@@ -638,3 +638,16 @@ def test_role_argument_validation_takes_null_as_leave_it_alone(tmp_path, provide
     extra = {"spec": str(REPO / "roles/host_tuning/meta/argument_specs.yml"), "provided": provided}
     done = run_playbook(str(playbook), "-i", "inventories/local", "-e", json.dumps(extra))
     assert (done.returncode == 0) == accepted, done.output[-2000:]
+
+
+def test_a_c_state_whose_exit_latency_equals_the_bound_stays_enabled(facts):
+    """host_tuning_cstate_max_latency_us disables the C-states that take longer to leave,
+    not those that take exactly as long: with 2 us C1 (2 us) stays, and with 0 POLL does."""
+    topology, sn, root = facts("r730", layout="sn", model_gb=8)
+    add_tunables(root, list(range(56)), {})
+    for bound, kept, disabled in ((2, "state1", "state2"), (0, "state0", "state1")):
+        spec = decide(topology, sn, Settings(cstate_max_latency_us=bound))
+        tune(Host(root, run=FakeSystemd()), spec, None)
+        base = "sys/devices/system/cpu/cpu0/cpuidle"
+        assert read(root, f"{base}/{kept}/disable") == "0", bound
+        assert read(root, f"{base}/{disabled}/disable") == "1", bound
