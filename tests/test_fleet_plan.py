@@ -120,7 +120,7 @@ def test_a_topology_file_with_a_key_of_the_wrong_kind_stops_the_host_with_one_li
     )
 
 
-def test_a_change_of_cores_on_one_instance_is_named():
+def test_a_change_of_cores_or_of_kv_cache_on_an_instance_is_named():
     with tempfile.TemporaryDirectory() as root:
         topo = detect(build_machine("r730", Path(root) / "r730"))
     before = plan(topo, PlanRequest(layout="dp", model_gb=16))
@@ -130,6 +130,9 @@ def test_a_change_of_cores_on_one_instance_is_named():
         "vllm-dp1: threads 1,3,5,7,9,11,13,15,17,19,21,23 -> 1,3,5,7,9,11,13,15,17,19",
     ]
     assert fleet.changes(before, before) == []
+    # A KV cache of another size alone is a change too: the instances restart for it.
+    smaller = plan(topo, PlanRequest(layout="dp", model_gb=16, kv_gb=4))
+    assert [line.split(" ", 2)[1] for line in fleet.changes(before, smaller)] == ["kvcache_gb"] * 2
 
 
 def fleet_filters():
