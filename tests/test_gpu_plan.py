@@ -48,6 +48,9 @@ def test_the_cross_numa_server_binds_both_gpus_instances_to_socket_0(gpu_plan):
     assert planned["nodes"] == [
         {"node": 0, "inference_cpus": physical(0, 30), "reserved_cpus": [30, 31, 94, 95]}
     ]
+    # An A100 has 80 GB but vLLM's default batch for the smaller GPUs: the door lets each
+    # instance 256 requests at once, not the 1,024 of an H100, and queues the rest itself.
+    assert [i["max_connections"] for i in planned["instances"]] == [256, 256]
     assert planned["reason"] == (
         "auto: model 30 GB needs 1 of the 2 GPU(s) (TP-1), so 2 instances of it as DP "
         "replicas; each instance inside one NUMA node (node 0) and bound there"
