@@ -1128,17 +1128,37 @@ def test_a_reload_takes_a_renewed_certificate_and_keeps_the_requests_in_flight(f
     assert [outcome.status for outcome in in_flight] == [200]
 
 
+# The tasks that stop a host's serving (a door's restart, the instances' restart for a new
+# secret) or write one file for the whole fleet: never on two hosts at once.
+ONE_HOST_AT_A_TIME = [
+    ("roles/vllm_service/tasks/present.yml", "Start the front door"),
+    (
+        "roles/vllm_service/tasks/present.yml",
+        "Restart the running instances for their new secret, one host at a time",
+    ),
+    ("roles/door/tasks/start.yml", "Start the door"),
+    (
+        "roles/rollout/tasks/record.yml",
+        "Write rollout-summary.json from every host's record so far",
+    ),
+]
+
+
 def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
-    """The role's own task that starts, reloads or restarts a host's door, its action
-    replaced by one that records when it runs on each host and takes a second: on three
-    hosts at once (forks), the runs never overlap, so no two doors are down together."""
-    tasks = yaml.safe_load((REPO / "roles/vllm_service/tasks/present.yml").read_text())
-    [start] = [t for t in tasks if t["name"] == "Start the front door"]
+    """The roles' own tasks that restart a host's door or its instances (or write one file
+    from every host's record), each with its action replaced by one that records when it
+    runs on each host: on three hosts at once (forks), a task's runs never overlap, so no
+    two hosts' doors or instances are down together."""
     record = tmp_path / "runs"
-    door = {k: v for k, v in start.items() if k != "ansible.builtin.systemd_service"}
-    door["ansible.builtin.shell"] = (
-        f"echo start $(date +%s.%N) >> {record}; sleep 1; echo end $(date +%s.%N) >> {record}"
-    )
+    play_tasks = []
+    for number, (path, name) in enumerate(ONE_HOST_AT_A_TIME):
+        [task] = [t for t in yaml.safe_load((REPO / path).read_text()) if t["name"] == name]
+        # Its own keywords (throttle, run_once and the like), less what the test replaces.
+        kept = {k: v for k, v in task.items() if k in ("name", "throttle", "run_once", "serial")}
+        play_tasks.append(kept | {"ansible.builtin.shell": (
+            f"echo {number} start $(date +%s.%N) >> {record}; sleep 0.3; "
+            f"echo {number} end $(date +%s.%N) >> {record}"
+        )})  # fmt: skip
     local = {
         "ansible_connection": "local",
         "ansible_python_interpreter": "{{ ansible_playbook_python }}",
@@ -1146,15 +1166,15 @@ def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
     hosts = {f"door{n}": local for n in range(3)}
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
-    play = [{"name": "Doors", "hosts": "all", "gather_facts": False, "tasks": [door]}]
+    play = [{"name": "Doors", "hosts": "all", "gather_facts": False, "tasks": play_tasks}]
     playbook = tmp_path / "doors.yml"
     playbook.write_text(json.dumps(play))
     done = run_playbook(str(playbook), "-i", str(inventory), "--forks", "3")
     assert done.returncode == 0, done.output[-3000:]
-    events = sorted(
-        (float(t), kind) for kind, t in (line.split() for line in record.read_text().splitlines())
-    )
-    assert [kind for _, kind in events] == ["start", "end"] * 3
+    runs = [line.split() for line in record.read_text().splitlines()]
+    for number, (path, name) in enumerate(ONE_HOST_AT_A_TIME):
+        events = sorted((float(t), kind) for n, kind, t in runs if n == str(number))
+        assert [kind for _, kind in events] == ["start", "end"] * 3, f"{path}: {name}"
 
 
 def fleet_status(front: FrontDoors, door: str, backend: str = "fleet") -> dict[str, str]:
