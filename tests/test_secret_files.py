@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 
 import pytest
+import yaml
 
 from socketwise.serve.secretfiles import apply
 
@@ -133,3 +135,57 @@ def test_a_copied_inventory_never_commits_its_credentials(tmp_path, inventory):
     )  # fmt: skip
     assert "hosts.yml" in status.stdout
     assert "credentials" not in status.stdout
+
+
+# A secret's value named in a task's module arguments (what -v prints, and a set_fact's
+# or copy's result shows), and the files that hold one.
+SECRET_VALUE = re.compile(r"api_key|client_keys?\b|backend_key|scrape_token|hf_token|_pem\b")
+SECRET_FILE = re.compile(r"vllm\.env|client-keys|scrape-keys|\.pem\b|\.key\b")
+TASK_KEYWORDS = {"name", "when", "register", "loop", "loop_control", "vars", "no_log", "tags",
+                 "delegate_to", "run_once", "throttle", "changed_when", "failed_when", "until",
+                 "retries", "delay", "notify", "check_mode", "diff", "ignore_errors", "args",
+                 "environment", "become", "become_user", "listen"}  # fmt: skip
+
+
+def _tasks(tasks: list | None) -> list[dict]:
+    flat = []
+    for task in tasks or []:
+        flat.append(task)
+        for part in ("block", "rescue", "always"):
+            flat += _tasks(task.get(part))
+    return flat
+
+
+def handles_a_secret(module: str, arguments: object) -> bool:
+    text = json.dumps(arguments)
+    if module == "socketwise.kit.secret_files":
+        return True
+    if module == "ansible.builtin.slurp":
+        return bool(SECRET_FILE.search(text))
+    if module == "ansible.builtin.copy":
+        return bool(SECRET_VALUE.search(json.dumps(arguments.get("content", ""))))
+    if module in ("ansible.builtin.set_fact", "ansible.builtin.shell", "ansible.builtin.command"):
+        return bool(SECRET_VALUE.search(text))
+    return False
+
+
+def test_every_task_that_handles_a_secret_keeps_it_out_of_the_output():
+    """A task that writes, reads back or publishes a secret is no_log: without it `-v`
+    (and a failure) prints the key or token in its arguments or result. The kit's own
+    modules mark their secret options no_log themselves."""
+    shown = []
+    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            actions = [
+                key for key in task if key not in TASK_KEYWORDS | {"block", "rescue", "always"}
+            ]
+            if (
+                actions
+                and handles_a_secret(actions[0], task[actions[0]])
+                and not task.get("no_log")
+            ):
+                shown.append(f"{path.relative_to(REPO)}: {task['name']}")
+    assert shown == []
+    for module in sorted((REPO / "plugins/modules").glob("*.py")):
+        for option in re.findall(r'"(\w*(?:key|token)\w*)": \{([^}]*)\}', module.read_text()):
+            assert '"no_log": True' in option[1], f"{module.name}: {option[0]}"
