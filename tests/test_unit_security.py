@@ -552,6 +552,21 @@ def test_every_server_comes_back_after_a_crash_and_a_door_or_instance_stops_at_i
     assert wrong == {}
 
 
+def test_an_engine_stops_by_its_main_process_and_a_local_model_never_asks_the_hub(rendered):
+    """vLLM stops cleanly on a SIGTERM to its main process alone (KillMode=mixed: the
+    group would log EngineDeadError tracebacks, and KillMode=process would leave its
+    workers to the SIGKILL); an engine serving a model from the host's disk is told the
+    Hugging Face Hub is not there (HF_HUB_OFFLINE), one that fetches its model is not."""
+    engines = {n: u for n, u in rendered.units.items() if "socketwise-vllm" in n or "pp-vllm" in n}
+    assert len(engines) > 10
+    wrong = {}
+    for name, unit in engines.items():
+        offline = "HF_HUB_OFFLINE=1" in setting_values(unit, "Environment")
+        if setting_values(unit, "KillMode") != ["mixed"] or offline == ("hub" in name):
+            wrong[name] = (setting_values(unit, "KillMode"), offline)
+    assert wrong == {}
+
+
 def setting_values(unit: Path, key: str) -> list[str]:
     return re.findall(rf"^{key}=(.*)$", unit.read_text(), re.MULTILINE)
 
