@@ -25,6 +25,7 @@ import signal
 import socket
 import socketserver
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -1260,6 +1261,14 @@ def test_a_rolling_restart_takes_one_instance_out_of_the_hosts_door_and_puts_it_
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
             admin.connect(socket_path)
             admin.sendall(f"set server vllm_instances/{INSTANCE} state ready\n".encode())
+
+
+def test_a_doors_runtime_socket_is_root_s_alone(front):
+    """Through its runtime API socket a door's servers are drained, disabled or set down:
+    the host's, the fleet's and a cluster head's door each make theirs root's alone."""
+    for door in ("host", "fleet", "cluster"):
+        mode = (front.directory / f"{door}.sock").stat().st_mode
+        assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600, (door, oct(mode))
 
 
 @pytest.mark.parametrize("door", DOORS)
