@@ -329,3 +329,20 @@ def test_alertmanagers_webhook_url_stays_root_only_and_out_of_the_diff(tmp_path)
     assert url in dest.read_text()
     assert dest.stat().st_mode & 0o777 == 0o600
     assert "token-" not in done.output
+
+
+def test_status_finds_a_monitor_listening_on_an_ipv6_address(tmp_path):
+    """`socketwise status -i INVENTORY` asks the first monitor's Prometheus where it
+    listens: an IPv6 address goes in brackets, or the URL names no host. (Until
+    2026-12-06 it failed for every monitor: Ansible 2.19 refused its question.)"""
+    from socketwise.measure.status import monitor_url
+
+    hosts = {"all": {"children": {"socketwise_monitor": {"hosts": {"mon-01": {
+        "monitor_listen_address": "fd00::7", "monitor_prometheus_port": 9191}}}}}}  # fmt: skip
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump(hosts))
+    assert monitor_url(str(inventory)) == "http://[fd00::7]:9191"
+    # And where the monitor's role listens by default.
+    del hosts["all"]["children"]["socketwise_monitor"]["hosts"]["mon-01"]["monitor_listen_address"]
+    inventory.write_text(yaml.safe_dump(hosts))
+    assert monitor_url(str(inventory)) == "http://127.0.0.1:9191"

@@ -51,3 +51,21 @@ def test_a_preload_the_service_did_not_load_is_named():
     assert missing_preloads("vllm-sn", preload, loaded) == [
         "vllm-sn: /opt/v/lib/libiomp5.so is in LD_PRELOAD but no process of the service loaded it"
     ]
+
+
+def test_a_listener_on_every_address_clashes_with_a_server_on_one_of_them():
+    """Another program listening on the kit's port on 0.0.0.0 stops the kit's server from
+    binding any address there; one on another single address does not."""
+    import socket
+
+    from socketwise.serve.verify import port_clashes
+
+    with (
+        socket.create_server(("0.0.0.0", 0)) as everywhere,
+        socket.create_server(("127.0.0.3", 0)) as one,
+    ):
+        port, other = everywhere.getsockname()[1], one.getsockname()[1]
+        [clash] = port_clashes("127.0.0.2", [port], set())
+        assert (clash["address"], clash["port"]) == ("0.0.0.0", port)
+        assert port_clashes("127.0.0.2", [other], set()) == []
+        assert [c["address"] for c in port_clashes("127.0.0.3", [other], set())] == ["127.0.0.3"]

@@ -189,10 +189,13 @@ def monitor_url(inventory: str) -> str:
             f"-i {inventory}: no host in the group {MONITOR_GROUP}, so nothing watches the fleet; "
             "add one and run deploy.yml (docs/guides/monitoring.md), or give --prometheus URL"
         )
+    # The arguments as JSON: as key=value, Ansible 2.19 reads the message's second
+    # expression as a value of its own and fails the task.
+    message = ("{{ monitor_listen_address | default('127.0.0.1') }} "
+               "{{ monitor_prometheus_port | default(9090) }}")  # fmt: skip
     shown = subprocess.run(
         [ansible, "-i", inventory, monitors[0], "-m", "ansible.builtin.debug", "-a",
-         "msg={{ monitor_listen_address | default('127.0.0.1') }} "
-         "{{ monitor_prometheus_port | default(9090) }}"],
+         json.dumps({"msg": message})],
         capture_output=True, text=True,
         env=os.environ | {"ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"},
     )  # fmt: skip
