@@ -372,7 +372,7 @@ def render(
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
     only the addresses, ports, key and plan are the test's. Written to DIRECTORY/NAME.cfg."""
     others = ("anonymous", "limited", "cluster-limited", "rotating", "rotating-tls", "metrics")
-    others += ("host-own-keys",)
+    others += ("host-own-keys", "queued")
     others += ("host-pinned", "host-renewed")
     others += ("fleet-retry", "fleet-busy", "fleet-drain", *STARTED_BY_TESTS)
     others += ("engine-gone", "engine-sick", "host-drain", "cluster-broken")
@@ -517,6 +517,17 @@ def render(
                 "door_client_max_rate": LIMITS["rate"],
                 "door_client_limit_exempt": [EXEMPT],
             },
+        ),
+        # A host's door whose instance takes one request at a time, and a queue of 1 s.
+        "queued": (
+            "haproxy.cfg.j2",
+            own_listener(
+                directory,
+                "queued",
+                {"instances": [{"name": INSTANCE, "port": backend_port, "max_connections": 1}]},
+                ports["queued"],
+            )
+            | {"door_queue_timeout": 1},
         ),
         # A host's door whose one engine is gone: nothing listens on its port.
         "engine-gone": (
@@ -1261,6 +1272,22 @@ def test_a_rolling_restart_takes_one_instance_out_of_the_hosts_door_and_puts_it_
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
             admin.connect(socket_path)
             admin.sendall(f"set server vllm_instances/{INSTANCE} state ready\n".encode())
+
+
+def test_a_request_waits_in_the_doors_queue_no_longer_than_its_queue_timeout(front):
+    """door_queue_timeout: a request the door cannot send on yet (its instance holds its
+    max_connections) waits that long in the door's queue, then gets 503, which a fleet
+    door retries on another host; not the whole request timeout."""
+    held: list[int] = []
+    first = threading.Thread(target=lambda: held.append(
+        send(front, "queued", "POST", "/v1/completions", bearer(KEY) | {"X-Delay": "2.5"},
+             COMPLETION).status
+    ))  # fmt: skip
+    first.start()
+    time.sleep(0.5)  # it holds the instance's one connection
+    second = send(front, "queued", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    first.join()
+    assert (second.status, held) == (503, [200])
 
 
 def test_a_doors_runtime_socket_is_root_s_alone(front):
