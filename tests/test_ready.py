@@ -310,3 +310,39 @@ def test_the_deploy_asks_an_instance_on_its_socket_and_reads_its_version_there(t
              "version_url": url + "/version"},
         )  # fmt: skip
     assert result["problems"] == [] and result["version"] == "0.32.0", result
+
+
+def test_a_unit_that_exited_while_awaited_stops_the_wait_at_once():
+    """A unit that stopped (inactive, dead: it exited and systemd gave up) is named at
+    once, with its state, not waited on until the ready timeout."""
+    states = iter([UP, {**UP, "ActiveState": "inactive", "SubState": "dead"}])
+    result = wait_ready(
+        [{"unit": "u", "url": "http://x/health"}],
+        timeout=600, state=lambda unit: next(states), probe=lambda url: False, interval=0,
+    )  # fmt: skip
+    assert list(result["failed"]) == ["u"] and "inactive" in result["failed"]["u"]
+
+
+def test_a_drain_of_two_instances_waits_for_both_to_finish_their_requests():
+    """A host's instances restart together for a new secret: each leaves the door, and the
+    restart waits until neither has a request in flight, not until one of them is idle."""
+    polls = [(0, 3), (0, 1), (0, 0)]
+    said: list[str] = []
+    answered: list[tuple[int, int]] = []
+
+    def runtime(socket_path: str, command: str) -> str:
+        said.append(command)
+        if command != "show stat":
+            return "\n"
+        answered.append(polls[min(len(answered), len(polls) - 1)])
+        first, second = answered[-1]
+        return (
+            "# pxname,svname,scur,status\n"
+            f"vllm_instances,vllm-dp0,{first},DRAIN\nvllm_instances,vllm-dp1,{second},DRAIN\n"
+        )
+
+    door = FrontDoor("/run/socketwise-lb/admin.sock", "vllm_instances", runtime, interval=0)
+    door.drain(["socketwise-vllm-dp0.service", "socketwise-vllm-dp1.service"], timeout=60)
+    assert said[:2] == [f"set server vllm_instances/vllm-dp{n} state drain" for n in (0, 1)]
+    # It waited through the second's requests and stopped once neither had any.
+    assert (0, 1) in answered and answered[-1] == (0, 0)
