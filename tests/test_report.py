@@ -17,6 +17,8 @@ import pytest
 
 from socketwise.measure import rundir
 from socketwise.report import analysis, render
+from socketwise.report.points import Point
+from socketwise.report.recommendation import against_baseline
 
 FIXTURE = Path(__file__).parent / "fixtures" / "r730-sweep"
 RATES = (1, 2, 4, 6, 8)
@@ -645,3 +647,20 @@ def assert_renders(
     for colour in colours:
         close = numpy.abs(pixels * 255 - numpy.array(colour)).max(axis=-1) < 12
         assert close.sum() > 500, f"no plot pixels of colour {colour} in the screenshot"
+
+
+def _point(load: float, tok: float, ttft: float) -> Point:
+    one = {"output_tok_s": tok, "ttft_p50_ms": ttft, "ttft_p99_ms": ttft * 2, "tpot_p50_ms": 10.0}
+    stats = {m: {"median": v, "min": v, "max": v} for m, v in one.items()}
+    return Point(load, 1, stats, 10, 0)
+
+
+def test_latency_within_the_tolerance_of_plain_vllm_is_not_named_as_slower():
+    """The summary names a recommended layout's latency above plain vLLM's only past
+    LATENCY_TOLERANCE (10 %): 5 % slower to the first token is not named, 20 % is."""
+    base = [_point(1.0, 100, 100), _point(2.0, 150, 100)]
+    sn = [_point(1.0, 130, 105), _point(2.0, 190, 120)]
+    ranges = {"rate": {"recommendation": [{"layout": "sn", "min_rate": 1.0, "max_rate": None}]}}
+    summary = against_baseline({"rate": {"baseline": base, "sn": sn}}, ranges)["summary"]
+    assert "TTFT p50 1.2x at 2 req/s (sn)" in summary
+    assert "1.05x" not in summary
