@@ -664,3 +664,19 @@ def test_latency_within_the_tolerance_of_plain_vllm_is_not_named_as_slower():
     summary = against_baseline({"rate": {"baseline": base, "sn": sn}}, ranges)["summary"]
     assert "TTFT p50 1.2x at 2 req/s (sn)" in summary
     assert "1.05x" not in summary
+
+
+def test_a_third_layout_behind_where_the_second_took_over_gets_its_range_from_its_crossover(
+    tmp_path,
+):
+    """The third layout is judged against the second from the load where the second took
+    over, that load included: DP takes over from SN between 2 and 3 req/s, dp-vllm is
+    behind DP at 3 and ahead from 4, so DP holds 3 req/s and dp-vllm takes over after it."""
+    run = sweep(
+        tmp_path / "run",
+        {"sn": [4, 6, 6, 6, 6], "dp": [4, 5.5, 8, 9, 10], "dp-vllm": [4, 5, 7, 11, 14]},
+        rates=(1, 2, 3, 4, 6),
+    )
+    rec = analysis.analyse(run)["recommendation"]
+    assert [r["layout"] for r in rec] == ["sn", "dp", "dp-vllm"]
+    assert 2 < rec[0]["max_rate"] < 3 < rec[1]["max_rate"] < 4
