@@ -120,6 +120,8 @@ def test_llamacpp_puts_one_rpc_server_per_node_with_a_thread_per_physical_core(h
     [
         (("vm", "vm"), {"stages": 3}, "stages", "3 stages for 2 host(s)"),
         (("vm", "vm"), {"model_gb": 80}, "model_gb", "does not fit even the whole cluster"),
+        # 57.6 GB usable on the two: 1.6 GB left, less than 1 GB of cache on each host.
+        (("vm", "vm"), {"model_gb": 56}, "model_gb", "less 1 GB of cache per host"),
         (("r730", "epyc2s"), {}, "build_class", "different build classes (r730 avx2, epyc2s zen)"),
         (("vm", "vm"), {"master_port": 8000}, "port", "ports clash on the head vm-1"),
         (("vm", "vm"), {"engine": "mpi"}, "engine", "unknown engine 'mpi'"),
