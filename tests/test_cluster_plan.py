@@ -123,6 +123,8 @@ def test_llamacpp_puts_one_rpc_server_per_node_with_a_thread_per_physical_core(h
         # 57.6 GB usable on the two: 1.6 GB left, less than 1 GB of cache on each host.
         (("vm", "vm"), {"model_gb": 56}, "model_gb", "less 1 GB of cache per host"),
         (("r730", "epyc2s"), {}, "build_class", "different build classes (r730 avx2, epyc2s zen)"),
+        # The class it suggests is one every CPU of the cluster runs: AVX2 on a Zen too.
+        (("epyc2s", "r730"), {}, "build_class", "such as avx2 where every CPU runs it"),
         (("vm", "vm"), {"master_port": 8000}, "port", "ports clash on the head vm-1"),
         (("vm", "vm"), {"engine": "mpi"}, "engine", "unknown engine 'mpi'"),
         (("vm", "vm"), {"layers": 1}, "stages", "2 stages for a model of 1 layers"),
