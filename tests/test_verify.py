@@ -69,3 +69,24 @@ def test_a_listener_on_every_address_clashes_with_a_server_on_one_of_them():
         assert (clash["address"], clash["port"]) == ("0.0.0.0", port)
         assert port_clashes("127.0.0.2", [other], set()) == []
         assert [c["address"] for c in port_clashes("127.0.0.3", [other], set())] == ["127.0.0.3"]
+
+
+def test_a_process_of_the_service_allowed_beyond_the_plans_cpus_is_named():
+    """The deploy's check: each process of an instance may run on its planned CPUs alone.
+    One left on more (a helper the service started before its placement) is named, with
+    the CPUs it should not have; one within them is not."""
+    from socketwise.serve.verify import check_instance
+
+    instance = {"name": "vllm-sn", "ranks": [{"cpus": [0, 1]}], "cpus_allowed": [0, 1]}
+    worker = {"pid": 11, "comm": "VLLM::Worker_TP0", "title": "VLLM::Worker_TP0",
+              "thread_cpus": [0, 1], "cpus_allowed": [0, 1]}  # fmt: skip
+    helper = worker | {
+        "pid": 12,
+        "comm": "python3",
+        "title": "python3",
+        "cpus_allowed": [0, 1, 2, 3],
+    }
+    assert check_instance(instance, [worker]) == []
+    assert check_instance(instance, [worker, helper]) == [
+        "vllm-sn: process 12 (python3) may run on CPUs [2, 3] outside the planned [0, 1]"
+    ]
