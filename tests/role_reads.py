@@ -99,6 +99,15 @@ def names_in(value: object, bare: bool = False) -> set[str]:
     return set()
 
 
+def flat_tasks(tasks: list | None) -> list[dict]:
+    """A task file's tasks in the order they run, blocks opened."""
+    flat = []
+    for task in tasks or []:
+        inner = [t for key in ("block", "rescue", "always") for t in task.get(key) or []]
+        flat += flat_tasks(inner) if inner else [task]
+    return flat
+
+
 def _action(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from socketwise.measure.status import collect, table
+from socketwise.measure.status import collect, monitor_url, table
 from socketwise.serve.monitor import duration_seconds, retention_bytes, scrape_targets
 
 from .playbooks import REPO, kit_plugin, run_playbook
@@ -335,8 +335,6 @@ def test_status_finds_a_monitor_listening_on_an_ipv6_address(tmp_path):
     """`socketwise status -i INVENTORY` asks the first monitor's Prometheus where it
     listens: an IPv6 address goes in brackets, or the URL names no host. (Until
     2026-12-06 it failed for every monitor: Ansible 2.19 refused its question.)"""
-    from socketwise.measure.status import monitor_url
-
     hosts = {"all": {"children": {"socketwise_monitor": {"hosts": {"mon-01": {
         "monitor_listen_address": "fd00::7", "monitor_prometheus_port": 9191}}}}}}  # fmt: skip
     inventory = tmp_path / "hosts.yml"

@@ -18,6 +18,7 @@ import yaml
 from .playbooks import REPO
 from .role_reads import (
     entry_point_reads,
+    flat_tasks,
     foreign_inputs,
     names_in,
     renderers,
@@ -204,15 +205,6 @@ def test_no_entry_point_reads_another_roles_inputs_beyond_the_shrinking_record()
     assert gone == []
 
 
-def _flat_tasks(tasks: list | None) -> list[dict]:
-    """A task file's tasks in the order they run, blocks opened."""
-    flat = []
-    for task in tasks or []:
-        inner = [t for key in ("block", "rescue", "always") for t in task.get(key) or []]
-        flat += _flat_tasks(inner) if inner else [task]
-    return flat
-
-
 def _role_calls(task: dict) -> list[tuple[str, str, bool]]:
     """(role, entry point, public) of a task that includes or imports a role."""
     return [
@@ -233,7 +225,7 @@ def _roles_run_by(role: str, entry_point: str) -> set[str]:
             return
         seen.add(name)
         path = REPO / "roles" / role / "tasks" / name
-        for task in _flat_tasks(yaml.safe_load(path.read_text())):
+        for task in flat_tasks(yaml.safe_load(path.read_text())):
             found.update(called for called, _, _ in _role_calls(task))
             for key, value in task.items():
                 if key.rsplit(".", 1)[-1] in ("include_tasks", "import_tasks"):
@@ -265,7 +257,7 @@ def test_a_role_that_includes_vllm_service_gives_what_every_door_shares_first():
         if caller in ("door", "vllm_service"):
             continue
         shared = False
-        for task in _flat_tasks(yaml.safe_load(path.read_text())):
+        for task in flat_tasks(yaml.safe_load(path.read_text())):
             for role, entry_point, public in _role_calls(task):
                 if (role, entry_point, public) == ("door", "shared", True):
                     shared = True

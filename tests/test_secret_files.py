@@ -18,6 +18,7 @@ import yaml
 from socketwise.serve.secretfiles import apply
 
 from .playbooks import REPO, run_module, run_playbook
+from .role_reads import flat_tasks
 
 SECRET = "SOCKETWISE_BACKEND_KEY=never-shown-1234\n"
 
@@ -147,15 +148,6 @@ TASK_KEYWORDS = {"name", "when", "register", "loop", "loop_control", "vars", "no
                  "environment", "become", "become_user", "listen"}  # fmt: skip
 
 
-def _tasks(tasks: list | None) -> list[dict]:
-    flat = []
-    for task in tasks or []:
-        flat.append(task)
-        for part in ("block", "rescue", "always"):
-            flat += _tasks(task.get(part))
-    return flat
-
-
 def handles_a_secret(module: str, arguments: object) -> bool:
     text = json.dumps(arguments)
     if module == "socketwise.kit.secret_files":
@@ -175,10 +167,8 @@ def test_every_task_that_handles_a_secret_keeps_it_out_of_the_output():
     modules mark their secret options no_log themselves."""
     shown = []
     for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
-        for task in _tasks(yaml.safe_load(path.read_text())):
-            actions = [
-                key for key in task if key not in TASK_KEYWORDS | {"block", "rescue", "always"}
-            ]
+        for task in flat_tasks(yaml.safe_load(path.read_text())):
+            actions = [key for key in task if key not in TASK_KEYWORDS]
             if (
                 actions
                 and handles_a_secret(actions[0], task[actions[0]])

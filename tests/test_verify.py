@@ -1,8 +1,9 @@
 """What a running vLLM service really loaded, read from its processes' memory maps."""
 
+import socket
 from pathlib import Path
 
-from socketwise.serve.verify import missing_preloads, runtime
+from socketwise.serve.verify import check_instance, missing_preloads, port_clashes, runtime
 
 VENV = "/opt/socketwise/venvs/9fc1d65d5fe4/lib/python3.11/site-packages"
 
@@ -56,10 +57,6 @@ def test_a_preload_the_service_did_not_load_is_named():
 def test_a_listener_on_every_address_clashes_with_a_server_on_one_of_them():
     """Another program listening on the kit's port on 0.0.0.0 stops the kit's server from
     binding any address there; one on another single address does not."""
-    import socket
-
-    from socketwise.serve.verify import port_clashes
-
     with (
         socket.create_server(("0.0.0.0", 0)) as everywhere,
         socket.create_server(("127.0.0.3", 0)) as one,
@@ -75,8 +72,6 @@ def test_a_process_of_the_service_allowed_beyond_the_plans_cpus_is_named():
     """The deploy's check: each process of an instance may run on its planned CPUs alone.
     One left on more (a helper the service started before its placement) is named, with
     the CPUs it should not have; one within them is not."""
-    from socketwise.serve.verify import check_instance
-
     instance = {"name": "vllm-sn", "ranks": [{"cpus": [0, 1]}], "cpus_allowed": [0, 1]}
     worker = {"pid": 11, "comm": "VLLM::Worker_TP0", "title": "VLLM::Worker_TP0",
               "thread_cpus": [0, 1], "cpus_allowed": [0, 1]}  # fmt: skip
