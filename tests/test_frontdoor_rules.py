@@ -128,8 +128,15 @@ class Seen:
     body: bytes
 
 
+# A listen backlog as deep as an API server's (uvicorn's is 2048), not socketserver's 5: a
+# door opening its instance's 8 connections and a check at once found a backlog of 5 full
+# ("can't connect to destination unix socket") and answered 503.
+BACKLOG = 128
+
+
 class Recorder(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self) -> None:
         super().__init__((ADDRESS, 0), _Handler)
@@ -154,6 +161,7 @@ class EngineSocket(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     What it is sent is the recorder's."""
 
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self, path: Path, recorder: Recorder) -> None:
         super().__init__(str(path), _Handler)
@@ -208,6 +216,7 @@ class HostDoor(ThreadingHTTPServer):
     instances all left it (a restart) answers 503; a busy one answers /health late."""
 
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def __init__(self, status: int, health_seconds: float = 0.0, health: int = 200) -> None:
         super().__init__((ADDRESS, 0), _HostDoor)
@@ -225,6 +234,7 @@ class SickEngine(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     pipeline lost a worker). Answered as HostDoor answers."""
 
     daemon_threads = True
+    request_queue_size = BACKLOG
     status, health_seconds = 500, 0.0
 
     def __init__(self, path: Path, health: int = 500) -> None:
