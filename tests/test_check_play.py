@@ -323,7 +323,11 @@ def test_the_fleet_front_door_passes_the_same_checks(inventory, tmp_path):
     inventory.write_text(yaml.safe_dump(hosts))
     ca, _ = frontdoor.self_signed(tmp_path, "fleet CA", "ca")
     for given, words in (
-        ("fleet_door_port=70000", "fleet_door_port=70000: is not a port"),
+        (
+            "fleet_door_port=70000 fleet_door_buffer_bytes=1048576",
+            "fleet_door_port=70000: is not a port; give 1-65535 | "
+            "fleet_door_buffer_bytes=1048576: is not 16384-131072 bytes",
+        ),
         ("credentials_api_key=", "credentials_api_key: is empty and the front door listens"),
         # The CA verifies hosts' TLS doors: this host's door serves plain HTTP.
         (f"credentials_fleet_ca_file={ca}", f"credentials_fleet_ca_file={ca}: {HOST} serves"),
@@ -336,6 +340,14 @@ def test_the_fleet_front_door_passes_the_same_checks(inventory, tmp_path):
     ):
         run = check(inventory, given, "--limit=lb-01")
         assert refusal(run).startswith(f"lb-01: {words}"), refusal(run)
+    # The door routes by each host's model name, here its model directory's (which the
+    # host's own units take, quoted): one its rules cannot hold is refused, by host.
+    hosts["all"]["hosts"][HOST]["vllm_model_path"] = "/srv/models/tiny llama"
+    inventory.write_text(yaml.safe_dump(hosts))
+    run = check(inventory, {}, "--limit=lb-01")
+    assert refusal(run).startswith(
+        f"lb-01: {HOST}: vllm_served_model_name='tiny llama': is not a model name"
+    ), refusal(run)
 
 
 def test_a_secret_never_shows_in_its_refusal(inventory):

@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from socketwise.facts.topology import detect
 from socketwise.plan import fleet
@@ -187,6 +188,53 @@ def test_the_hosts_that_serve_are_all_but_load_generators_fleet_doors_and_monito
     # In the inventory's order: rollout.yml's batches follow it.
     assert fleet.serving_hosts(groups) == ["b", "a", "c"]
     assert fleet.serving_hosts({"all": ["a"]}) == ["a"]
+
+
+def test_each_host_is_named_by_the_model_it_serves_as_the_vllm_role_names_it():
+    # The fleet door routes by the name each host's units serve under, this run's
+    # vllm_served_name where the host was served, else the same rule from its variables.
+    hostvars = {
+        "given": {"vllm_served_model_name": "chat", "vllm_model_hf_id": "org/Other-1B"},
+        "hub": {"vllm_model_hf_id": "Qwen/Qwen2.5-0.5B-Instruct"},
+        "disk": {"vllm_model_path": "/srv/models/llama-3-8b"},
+        # The Hugging Face id wins over a path, as the vllm role serves it.
+        "both": {"vllm_model_hf_id": "org/Hub-1B", "vllm_model_path": "/srv/models/local"},
+        "builtin": {},
+        "bigger": {"vllm_builtin_model_size": "0.5g"},
+        "served": {"vllm_served_name": "as-published", "vllm_model_path": "/srv/x"},
+    }
+    servers = fleet_filters()["fleet_servers"](list(hostvars), hostvars, "0.0.0.0")
+    assert [server["model"] for server in servers] == [
+        "chat", "Qwen2.5-0.5B-Instruct", "llama-3-8b", "Hub-1B", "tiny-llama", "tiny-llama-0.5g",
+        "as-published",
+    ]  # fmt: skip
+    # The role's own default size is the one the rule takes for a host that gives none.
+    defaults = yaml.safe_load((REPO / "roles/vllm/defaults/main.yml").read_text())
+    assert defaults["vllm_builtin_model_size"] == fleet.BUILTIN_SIZE
+    assert fleet.served_name({"vllm_builtin_model_size": defaults["vllm_builtin_model_size"]}) == (
+        "tiny-llama"
+    )
+
+
+def test_the_fleet_door_has_a_backend_per_model_and_fleet_alone_for_one():
+    def server(name, model):
+        return {"name": name, "model": model}
+
+    one = fleet.model_backends([server("a", "tiny-llama"), server("b", "tiny-llama")])
+    assert [(b["model"], b["backend"], [s["name"] for s in b["servers"]]) for b in one] == [
+        ("tiny-llama", "fleet", ["a", "b"])
+    ]
+    # In the order models first come; '/' is no character of a backend's name, and two
+    # names that would read the same get apart.
+    many = fleet.model_backends(
+        [server("a", "org/chat"), server("b", "big"), server("c", "org/chat"),
+         server("d", "org_chat")]
+    )  # fmt: skip
+    assert [(b["model"], b["backend"], [s["name"] for s in b["servers"]]) for b in many] == [
+        ("org/chat", "fleet-org_chat", ["a", "c"]),
+        ("big", "fleet-big", ["b"]),
+        ("org_chat", "fleet-org_chat-3", ["d"]),
+    ]
 
 
 def test_the_dry_run_plans_the_build_class_a_host_asks_for(tmp_path):

@@ -62,6 +62,11 @@ BACKEND = "backend" + uuid.uuid4().hex
 # Small, so a body at the limit is cheap to send; the rule is the same at 4 MiB.
 MAX_BODY = 2048
 INSTANCE = "vllm-sn"
+# The model every host serves, and another that a fleet of two models' third host serves.
+MODEL = "tiny-llama"
+BIG_MODEL = "org/tiny-llama-0.5g"
+# That fleet door's request buffer (fleet_door_buffer_bytes: the least it takes).
+BUFFER = 16384
 # Where the host doors reach INSTANCE (its Unix socket, in the test's directory).
 ENGINE_SOCKET = "engine.sock"
 # A second instance of a host's door, whose engine died (SickEngine).
@@ -368,7 +373,13 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
         "fleet_door_port": ports[name],
         "__fleet_door_socket": str(directory / f"{name}.sock"),
         "__fleet_door_servers": [
-            {"name": "host1", "address": ADDRESS, "port": ports[HOSTS_OF[name]], "tls": True}
+            {
+                "name": "host1",
+                "address": ADDRESS,
+                "port": ports[HOSTS_OF[name]],
+                "tls": True,
+                "model": MODEL,
+            }  # fmt: skip
         ],
         "credentials_fleet_ca_file": "ca.crt",
         "__fleet_door_ca": str(directory / ca),
@@ -376,7 +387,12 @@ def verifying_fleet(directory: Path, name: str, ports: dict[str, int], ca: str) 
 
 
 def render(
-    directory: Path, backend_port: int, refusing_port: int, busy_port: int, dying_port: int
+    directory: Path,
+    backend_port: int,
+    refusing_port: int,
+    busy_port: int,
+    dying_port: int,
+    big_port: int,
 ) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
@@ -384,7 +400,7 @@ def render(
     others = ("anonymous", "limited", "cluster-limited", "rotating", "rotating-tls", "metrics")
     others += ("host-own-keys", "queued")
     others += ("host-pinned", "host-renewed")
-    others += ("fleet-retry", "fleet-busy", "fleet-drain", *STARTED_BY_TESTS)
+    others += ("fleet-retry", "fleet-busy", "fleet-models", *STARTED_BY_TESTS)
     others += ("engine-gone", "engine-sick", "host-drain", "cluster-broken")
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
@@ -419,9 +435,21 @@ def render(
         "door_host": "{{ __vllm_service_door_host }}",
         "__fleet_door_socket": str(directory / "fleet.sock"),
         "__fleet_door_servers": [
-            {"name": "host1", "address": ADDRESS, "port": backend_port, "tls": False},
+            {
+                "name": "host1",
+                "address": ADDRESS,
+                "port": backend_port,
+                "tls": False,
+                "model": MODEL,
+            },
             # A host whose name does not resolve when the door starts: the door serves.
-            {"name": "host2", "address": "host2.invalid", "port": backend_port, "tls": False},
+            {
+                "name": "host2",
+                "address": "host2.invalid",
+                "port": backend_port,
+                "tls": False,
+                "model": MODEL,
+            },  # fmt: skip
         ],
         # What roles/cluster/vars/main.yml gives the door role's cluster entry point on a
         # head (__cluster_door).
@@ -455,17 +483,25 @@ def render(
     # A head's door: the door role's door_cluster above.
     cluster: dict = {}
 
-    def fleet_over(name: str, **hosts: int) -> tuple[str, dict]:
-        """A fleet door of its own over plain HTTP host doors, {host name: port}."""
+    def fleet_over(
+        name: str, models: dict[str, str] | None = None, **hosts: int
+    ) -> tuple[str, dict]:
+        """A fleet door of its own over plain HTTP host doors, {host name: port}, each serving
+        MODEL or what MODELS gives it."""
         servers = [
-            {"name": h, "address": ADDRESS, "port": p, "tls": False} for h, p in hosts.items()
-        ]
+            {"name": h, "address": ADDRESS, "port": p, "tls": False,
+             "model": (models or {}).get(h, MODEL)}
+            for h, p in hosts.items()
+        ]  # fmt: skip
         return "fleet-haproxy.cfg.j2", {
             "fleet_door_port": ports[name],
             "__fleet_door_socket": str(directory / f"{name}.sock"),
             "__fleet_door_servers": servers,
         }
 
+    models_template, models_vars = fleet_over(
+        "fleet-models", {"big": BIG_MODEL}, host1=backend_port, host2=backend_port, big=big_port
+    )
     tasks = {
         "host": ("haproxy.cfg.j2", {}),
         "host-tls": (
@@ -496,6 +532,7 @@ def render(
                             "port": ports["host-kit"],
                             "tls": True,
                             "kit": True,
+                            "model": MODEL,
                         }
                     ],  # fmt: skip
                     "__fleet_door_ca": str(directory / DOOR_KIT / "door-ca.pem"),
@@ -589,8 +626,12 @@ def render(
         "fleet-retry": fleet_over("fleet-retry", restarting=refusing_port, host1=backend_port),
         # Over one host whose door is busy: its /health answers late.
         "fleet-busy": fleet_over("fleet-busy", busy=busy_port),
-        # Over two hosts that serve, one of which playbooks/drain.yml takes out and back.
-        "fleet-drain": fleet_over("fleet-drain", host1=backend_port, host2=backend_port),
+        # A fleet of two models: two hosts serve MODEL (one of which playbooks/drain.yml takes
+        # out and back), a third BIG_MODEL. It reads a model within its first 16 KiB.
+        "fleet-models": (
+            models_template,
+            models_vars | {"fleet_door_buffer_bytes": BUFFER, "door_max_body_bytes": 4 * BUFFER},
+        ),
         # Over a host that dies once the door has it in (the test stops it) and one that serves.
         "fleet-dead": fleet_over("fleet-dead", dying=dying_port, host1=backend_port),
         "fleet-tls": (
@@ -886,6 +927,8 @@ class FrontDoors:
     refusing: HostDoor
     busy: HostDoor
     dying: HostDoor
+    # The host of the fleet of two models that serves BIG_MODEL.
+    big: HostDoor
     sick: SickEngine
     broken: SickEngine
     # When the doors started (time.monotonic()).
@@ -900,8 +943,8 @@ class FrontDoors:
 def front(tmp_path_factory) -> Iterator[FrontDoors]:
     directory = tmp_path_factory.mktemp("frontdoor")
     server, refusing, busy = Recorder(), HostDoor(503), HostDoor(200, BUSY_HEALTH_SECONDS)
-    dying = HostDoor(200)
-    hosts = (server, refusing, busy, dying)
+    dying, big = HostDoor(200), HostDoor(200)
+    hosts = (server, refusing, busy, dying, big)
     for serving in hosts:
         threading.Thread(target=serving.serve_forever, daemon=True).start()
     ports = tuple(serving.server_address[1] for serving in hosts)
@@ -926,6 +969,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
             refusing,
             busy,
             dying,
+            big,
             sick,
             broken,
             time.monotonic(),
@@ -946,6 +990,8 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
 class Outcome:
     status: int
     reached: list[Seen]
+    # What the client got in the answer's body.
+    answer: bytes = b""
 
 
 def send(
@@ -992,18 +1038,18 @@ def send(
                 connection.putheader("Content-Length", str(len(body)))
             connection.endheaders(body)
         response = connection.getresponse()
-        response.read()
+        answer = response.read()
         status = response.status
     finally:
         connection.close()
-    return Outcome(status, front.server.probed(probe))
+    return Outcome(status, front.server.probed(probe), answer)
 
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-COMPLETION = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 6}).encode()
+COMPLETION = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 6}).encode()
 
 
 def route_request(method: str) -> bytes | None:
@@ -1199,9 +1245,10 @@ def test_the_deploy_restarts_one_hosts_door_at_a_time(tmp_path):
         assert [kind for _, kind in events] == ["start", "end"] * 3, f"{path}: {name}"
 
 
-def fleet_status(front: FrontDoors, door: str, backend: str = "fleet") -> dict[str, str]:
-    """{server: status} of a door's BACKEND (a fleet door's `fleet`), from its runtime API
-    socket: UP, MAINT or DOWN (a check that failed once leaves UP as UP, not "UP 1/2")."""
+def fleet_status(front: FrontDoors, door: str, backend: str | None = None) -> dict[str, str]:
+    """{server: status} of a door's BACKEND (every backend's servers when None: a fleet
+    door's `fleet`, or its backend per model), from its runtime API socket: UP, MAINT or
+    DOWN (a check that failed once leaves UP as UP, not "UP 1/2")."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
         admin.connect(str(front.directory / f"{door}.sock"))
         admin.sendall(b"show stat\n")
@@ -1211,7 +1258,9 @@ def fleet_status(front: FrontDoors, door: str, backend: str = "fleet") -> dict[s
     return {
         row[column["svname"]]: row[column["status"]].split()[0]
         for row in rows[1:]
-        if row and row[0] == backend and row[column["svname"]] not in ("FRONTEND", "BACKEND")
+        if row
+        and (row[0] == backend or backend is None)
+        and row[column["svname"]] not in ("FRONTEND", "BACKEND")
     }
 
 
@@ -1225,7 +1274,7 @@ def test_drain_takes_a_host_out_of_the_fleet_door_and_puts_it_back(front, tmp_pa
     inventory.write_text(
         json.dumps({"all": {"children": {"socketwise_frontdoor": {"hosts": {"door": local}}}}})
     )
-    socket_path = str(front.directory / "fleet-drain.sock")
+    socket_path = str(front.directory / "fleet-models.sock")
 
     def drain(out: bool) -> None:
         given = {"socketwise_drain_hosts": ["host1"], "socketwise_drain": out,
@@ -1233,16 +1282,17 @@ def test_drain_takes_a_host_out_of_the_fleet_door_and_puts_it_back(front, tmp_pa
         done = run_playbook("playbooks/drain.yml", "-i", str(inventory), "-e", json.dumps(given))
         assert done.returncode == 0, done.output[-3000:]
 
-    assert fleet_status(front, "fleet-drain") == {"host1": "UP", "host2": "UP"}
+    # A fleet of two models: the door has a backend for each, and finds the host in its own.
+    assert fleet_status(front, "fleet-models") == {"host1": "UP", "host2": "UP", "big": "UP"}
     try:
         drain(True)
-        assert fleet_status(front, "fleet-drain") == {"host1": "MAINT", "host2": "UP"}
+        assert fleet_status(front, "fleet-models") == {"host1": "MAINT", "host2": "UP", "big": "UP"}
         drain(False)
-        assert fleet_status(front, "fleet-drain") == {"host1": "UP", "host2": "UP"}
+        assert fleet_status(front, "fleet-models") == {"host1": "UP", "host2": "UP", "big": "UP"}
     finally:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
             admin.connect(socket_path)
-            admin.sendall(b"set server fleet/host1 state ready\n")
+            admin.sendall(f"set server fleet-{MODEL}/host1 state ready\n".encode())
 
 
 def test_a_rolling_restart_takes_one_instance_out_of_the_hosts_door_and_puts_it_back(
@@ -1790,3 +1840,88 @@ def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(fr
         assert outcome.status == 200 and len(outcome.reached) == 1, outcome
         assert outcome.reached[0].body == COMPLETION
     assert front.refusing.answered > 0
+
+
+# --- a fleet of many models ---------------------------------------------------------------
+
+
+def completion_of(model: str | None, before: int = 0) -> bytes:
+    """A chat completion's body as common clients send it (the OpenAI client: `messages`
+    first), with BEFORE bytes of conversation ahead of `model` (left out when None). Its one
+    message names the other model in a nested `model` field, which routes nothing."""
+    other = BIG_MODEL if model == MODEL else MODEL
+    body: dict = {"messages": [{"role": "user", "content": "x" * before, "model": other}]}
+    return json.dumps(body | ({"model": model} if model is not None else {})).encode()
+
+
+def test_the_fleet_door_sends_each_model_to_the_hosts_that_serve_it(front):
+    # Two models behind one endpoint: a completion for each reaches a host serving it alone,
+    # its body unchanged, wherever `model` lies within the door's buffer (first or after
+    # 12 KB of conversation); a `model` nested in a message routes nothing.
+    for before in (0, 12000):
+        answered = front.big.answered
+        body = completion_of(MODEL, before)
+        outcome = send(front, "fleet-models", "POST", "/v1/chat/completions", bearer(KEY), body)
+        assert outcome.status == 200 and len(outcome.reached) == 1, outcome.status
+        assert outcome.reached[0].body == body and front.big.answered == answered
+        outcome = send(
+            front, "fleet-models", "POST", "/v1/chat/completions", bearer(KEY),
+            completion_of(BIG_MODEL, before),
+        )  # fmt: skip
+        assert outcome.status == 200 and outcome.reached == [], outcome.status
+        assert front.big.answered == answered + 1
+    outcome = send(front, "fleet-models", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+    assert outcome.status == 200 and len(outcome.reached) == 1
+
+
+def refused_by_the_fleet(front: FrontDoors, body: bytes, status: int) -> dict:
+    """BODY's completion through the fleet of two models: answered STATUS by the door, no
+    host reached; the answer's OpenAI-style error."""
+    answered = front.big.answered
+    outcome = send(front, "fleet-models", "POST", "/v1/chat/completions", bearer(KEY), body)
+    assert (outcome.status, outcome.reached, front.big.answered) == (status, [], answered)
+    error = json.loads(outcome.answer)["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "model", error
+    return error
+
+
+def test_a_model_the_fleet_does_not_serve_gets_404_naming_those_it_does(front):
+    error = refused_by_the_fleet(front, completion_of("tiny-llama-7b"), 404)
+    assert error["code"] == "model_not_found"
+    assert "`tiny-llama-7b`" in error["message"], error
+    assert f"serves {MODEL}, {BIG_MODEL}" in error["message"], error
+    # A name that would break the answer's JSON is escaped in it.
+    error = refused_by_the_fleet(front, completion_of('x"}, "y'), 404)
+    assert '`x"}, "y`' in error["message"], error
+
+
+def test_a_completion_without_a_model_or_with_it_past_the_buffer_is_refused(front):
+    # No model at all: 400, naming the models. A model the door could not read (behind more
+    # conversation than its buffer holds): 413, saying how to send it; never a guess.
+    error = refused_by_the_fleet(front, completion_of(None), 400)
+    assert error["code"] == "model_required" and f"serves {MODEL}, {BIG_MODEL}" in error["message"]
+    error = refused_by_the_fleet(front, completion_of(MODEL, BUFFER), 413)
+    assert error["code"] == "model_not_read", error
+    assert (
+        f"first {BUFFER} bytes" in error["message"]
+        and "fleet_door_buffer_bytes" in error["message"]
+    )
+    # The same conversation with its model first passes (the body limit is the door's).
+    body = json.dumps({"model": MODEL} | json.loads(completion_of(None, BUFFER))).encode()
+    outcome = send(front, "fleet-models", "POST", "/v1/chat/completions", bearer(KEY), body)
+    assert outcome.status == 200 and outcome.reached[0].body == body
+
+
+def test_the_fleet_door_lists_every_model_it_serves_behind_the_key(front):
+    answered = front.big.answered
+    outcome = send(front, "fleet-models", "GET", "/v1/models", bearer(KEY))
+    assert (outcome.status, outcome.reached, front.big.answered) == (200, [], answered)
+    listed = json.loads(outcome.answer)
+    assert listed["object"] == "list"
+    assert [(m["id"], m["object"]) for m in listed["data"]] == [
+        (MODEL, "model"), (BIG_MODEL, "model")
+    ]  # fmt: skip
+    assert send(front, "fleet-models", "GET", "/v1/models").status == 401
+    assert (
+        send(front, "fleet-models", "POST", "/v1/chat/completions", body=COMPLETION).status == 401
+    )

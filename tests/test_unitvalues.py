@@ -23,6 +23,7 @@ from socketwise.serve.unitvalues import (
     listener_clashes,
     quote,
     secret_errors,
+    served_name_errors,
     unit_value_errors,
 )
 
@@ -550,3 +551,22 @@ def test_a_scrape_token_that_is_the_previous_key_is_refused_during_a_rotation():
         errors
     )
     assert previous not in errors[0]
+
+
+def test_the_fleet_doors_buffer_is_held_to_what_its_memory_takes():
+    # 16 KiB (HAProxy's own) to 128 KiB: at the door's 4,096 connections, about twice the
+    # buffer each, more would outgrow its MemoryMax.
+    for good in (16384, 65536, 131072):
+        assert unit_value_errors({"fleet_door_buffer_bytes": good}) == []
+    for bad in (16383, 131073, True, "65536"):
+        (error,) = unit_value_errors({"fleet_door_buffer_bytes": bad})
+        assert error.startswith(f"fleet_door_buffer_bytes={bad!r}: is not 16384-131072 bytes; give")
+
+
+def test_a_model_name_the_fleet_door_cannot_route_by_is_named_with_its_host():
+    servers = [{"name": "edge-01", "model": "tiny-llama"}, {"name": "edge-02", "model": "my model"},
+               {"name": "edge-03", "model": "org/Qwen2.5:7b"}]  # fmt: skip
+    assert served_name_errors(servers) == [
+        "edge-02: vllm_served_model_name='my model': is not a model name; "
+        "use letters, digits and . _ : / - only"
+    ]

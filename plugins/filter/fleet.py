@@ -1,7 +1,9 @@
 """The filters `socketwise.kit.fleet_servers`, where the fleet front door reaches each host,
 `socketwise.kit.fleet_sources`, the addresses a host's door sees the fleet door come from,
 `socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate, and
-`socketwise.kit.serving_hosts`, the hosts that serve (`groups | socketwise.kit.serving_hosts`)."""
+`socketwise.kit.serving_hosts`, the hosts that serve (`groups | socketwise.kit.serving_hosts`),
+`socketwise.kit.served_name`, the name a host serves its model under, and
+`socketwise.kit.fleet_models`, the fleet door's backend for each model."""
 
 import ipaddress
 
@@ -34,10 +36,15 @@ def _switch(value):
 
 
 def socketwise_fleet_servers(hosts, hostvars, default_listen):
-    """[{name, address, port, tls, kit, cert}] for every serving host: its own front door's
-    address (its ansible_host when that binds a wildcard), the plan's port (plan_port, else
-    8000, for a host this run did not plan), whether it speaks TLS and whether with the
-    certificate the kit's CA issued it (credentials_tls without a credentials_tls_cert)."""
+    """[{name, address, port, tls, kit, cert, model}] for every serving host: its own front
+    door's address (its ansible_host when that binds a wildcard), the plan's port (plan_port,
+    else 8000, for a host this run did not plan), whether it speaks TLS and whether with the
+    certificate the kit's CA issued it (credentials_tls without a credentials_tls_cert), and
+    the model it serves (vllm_served_name as this run published it, else from its variables)."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
+        served_name,
+    )
+
     servers = []
     for host in hosts:
         found = hostvars[host]
@@ -53,6 +60,7 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
                 "kit": kit,
                 # On the controller: play 1 checks it against credentials_fleet_ca_file.
                 "cert": cert,
+                "model": str(found.get("vllm_served_name") or served_name(found)),
             }
         )
     return servers
@@ -97,4 +105,6 @@ class FilterModule:
             "fleet_sources": socketwise_fleet_sources,
             "fleet_trusting": socketwise_fleet_trusting,
             "serving_hosts": core_filter("plan.fleet", "serving_hosts"),
+            "served_name": core_filter("plan.fleet", "served_name"),
+            "fleet_models": core_filter("plan.fleet", "model_backends"),
         }

@@ -1,8 +1,9 @@
 """Ansible door into socketwise.serve.unitvalues, tlsvalues and limits, the filters
 socketwise.kit.X for these X: `systemd_quote`, `unit_value_errors`, `secret_errors`,
-`address_errors`, `account_error`, `number_errors`, `listener_clashes`, `tls_error`,
-`fleet_ca_errors`, `cert_sha256` (a certificate's pin), `cert_names_error` (names the
-kit's door certificate cannot carry), `gpu_devices` (a GPU unit's DeviceAllow= nodes);
+`served_name_errors` (model names the fleet door cannot route by), `address_errors`,
+`account_error`, `number_errors`, `listener_clashes`, `tls_error`, `fleet_ca_errors`,
+`cert_sha256` (a certificate's pin), `cert_names_error` (names the kit's door certificate
+cannot carry), `gpu_devices` (a GPU unit's DeviceAllow= nodes);
 each unit's MemoryMax= and TasksMax=, sized from the plan: `instance_limits`,
 `stage_limits` and `llamacpp_limits`. The cluster role uses them too."""
 
@@ -33,6 +34,7 @@ class FilterModule:
         return {
             "systemd_quote": core_filter("serve.unitvalues", "quote"),
             "unit_value_errors": core_filter("serve.unitvalues", "unit_value_errors"),
+            "served_name_errors": core_filter("serve.unitvalues", "served_name_errors"),
             "secret_errors": core_filter("serve.unitvalues", "secret_errors"),
             "address_errors": core_filter("serve.unitvalues", "address_errors"),
             "account_error": socketwise_account_error,

@@ -8,6 +8,8 @@ and writes the summary as `fleet-plan.json`.
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -24,6 +26,52 @@ def serving_hosts(groups: Mapping[str, Iterable[str]]) -> list[str]:
     it (through the filter `socketwise.kit.serving_hosts` in Ansible)."""
     idle = set().union(*(groups.get(name) or () for name in NOT_SERVING))
     return [host for host in groups.get("all") or () if host not in idle]
+
+
+# The vllm role's vllm_builtin_model_size when an inventory gives none (its defaults/main.yml).
+BUILTIN_SIZE = "tiny"
+
+
+def served_name(values: Mapping[str, object]) -> str:
+    """The name a host serves its model under (vLLM's --served-model-name, llama-server's
+    alias): vllm_served_model_name when given, else the last part of vllm_model_hf_id or
+    vllm_model_path, else the built-in model's directory (tiny-llama, tiny-llama-SIZE).
+    The one place the kit decides it: the vllm role publishes it as vllm_served_name, and
+    the fleet door routes each request by it, for a host this run served or not."""
+    given = str(values.get("vllm_served_model_name") or "")
+    if given:
+        return given
+    source = str(values.get("vllm_model_hf_id") or values.get("vllm_model_path") or "")
+    if source:
+        return posixpath.basename(source)
+    size = str(values.get("vllm_builtin_model_size") or BUILTIN_SIZE)
+    return "tiny-llama" + ("" if size == BUILTIN_SIZE else f"-{size}")
+
+
+# What HAProxy takes in a backend's name; a model's other characters (its '/') become '_'.
+_BACKEND_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def model_backends(servers: list[Mapping[str, object]]) -> list[dict]:
+    """The fleet door's backends, one per served model in the order the models first come
+    among SERVERS (the fleet_servers filter's, each with its `model`): [{model, backend,
+    servers}]. A fleet of one model has the one backend `fleet` it always had (a rollout's
+    drain and the monitor know it by that name); more are each `fleet-` and the model's
+    name, numbered where two names would read the same."""
+    models: dict[str, list] = {}
+    for server in servers:
+        models.setdefault(str(server["model"]), []).append(server)
+    if len(models) == 1:
+        return [{"model": model, "backend": "fleet", "servers": found}
+                for model, found in models.items()]  # fmt: skip
+    backends, taken = [], set()
+    for model, found in models.items():
+        backend = "fleet-" + _BACKEND_UNSAFE.sub("_", model)
+        if backend in taken:
+            backend += f"-{len(backends) + 1}"
+        taken.add(backend)
+        backends.append({"model": model, "backend": backend, "servers": found})
+    return backends
 
 
 def shape(plan: dict) -> dict:

@@ -162,6 +162,16 @@ def _paths_and_name(values: Mapping[str, object], paths: tuple[str, ...]) -> lis
     return errors
 
 
+def served_name_errors(servers: list[Mapping[str, object]]) -> list[str]:
+    """Each of the fleet door's SERVERS (the fleet_servers filter's) whose model name the
+    door could not route by or list, as 'host: variable=value: what is wrong; the fix'."""
+    return [
+        f"{server['name']}: {error}"
+        for server in servers
+        for error in _paths_and_name({"vllm_served_name": server["model"]}, ())
+    ]
+
+
 def owned_flag(arg: str) -> str | None:
     """The kit's flag that ARG sets: the flag itself, its `--flag=value`, `_` or
     abbreviated spelling (argparse takes a unique prefix), or a short alias."""
@@ -330,7 +340,31 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 "give ORG/NAME with letters, digits and . _ - only",
             )
         )
-    return errors + number_errors(values) + address_errors(values)
+    return errors + number_errors(values) + address_errors(values) + _buffer_errors(values)
+
+
+# The fleet door's request buffer (fleet_door_buffer_bytes): HAProxy's default up to the
+# size whose connections, at the door's 4,096, fill half its MemoryMax (2G; about twice the
+# buffer per connection, scripts/fleet-buffer-memory).
+FLEET_BUFFER_BYTES = (16384, 131072)
+
+
+def _buffer_errors(values: Mapping[str, object]) -> list[str]:
+    if "fleet_door_buffer_bytes" not in values:
+        return []
+    size = values["fleet_door_buffer_bytes"]
+    least, most = FLEET_BUFFER_BYTES
+    if isinstance(size, int) and not isinstance(size, bool) and least <= size <= most:
+        return []
+    return [
+        _problem(
+            "fleet_door_buffer_bytes",
+            size,
+            f"is not {least}-{most} bytes",
+            f"give {least}-{most}: more would let the door's connections outgrow its memory "
+            "limit; clients that send model before messages need no more",
+        )
+    ]
 
 
 NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
