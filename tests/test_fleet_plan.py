@@ -134,6 +134,9 @@ def test_a_change_of_cores_or_of_kv_cache_on_an_instance_is_named():
     # A KV cache of another size alone is a change too: the instances restart for it.
     smaller = plan(topo, PlanRequest(layout="dp", model_gb=16, kv_gb=4))
     assert [line.split(" ", 2)[1] for line in fleet.changes(before, smaller)] == ["kvcache_gb"] * 2
+    # So is the door's balance (a reload of the host's door).
+    prefix = plan(topo, PlanRequest(layout="dp", model_gb=16, balance="prefix"))
+    assert fleet.changes(before, prefix) == ["balance leastconn -> prefix"]
 
 
 def fleet_filters():

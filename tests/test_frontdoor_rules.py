@@ -62,11 +62,15 @@ BACKEND = "backend" + uuid.uuid4().hex
 # Small, so a body at the limit is cheap to send; the rule is the same at 4 MiB.
 MAX_BODY = 2048
 INSTANCE = "vllm-sn"
+# A host's door balancing by prompt prefix, over three instances on sockets of their own.
+PREFIX_INSTANCES = ("vllm-dp0", "vllm-dp1", "vllm-dp2")
 # The model every host serves, and another that a fleet of two models' third host serves.
 MODEL = "tiny-llama"
 BIG_MODEL = "org/tiny-llama-0.5g"
 # That fleet door's request buffer (fleet_door_buffer_bytes: the least it takes).
 BUFFER = 16384
+# The prompt's leading bytes the doors balancing by prefix hash (door_prefix_bytes).
+PREFIX_BYTES = 64
 # Where the host doors reach INSTANCE (its Unix socket, in the test's directory).
 ENGINE_SOCKET = "engine.sock"
 # A second instance of a host's door, whose engine died (SickEngine).
@@ -131,6 +135,8 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    # The instance whose Unix socket it came in on (a door balancing by prefix's), if any.
+    instance: str = ""
 
 
 # A listen backlog as deep as an API server's (uvicorn's is 2048), not socketserver's 5: a
@@ -168,9 +174,10 @@ class EngineSocket(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     request_queue_size = BACKLOG
 
-    def __init__(self, path: Path, recorder: Recorder) -> None:
+    def __init__(self, path: Path, recorder: Recorder, instance: str = "") -> None:
         super().__init__(str(path), _Handler)
         self.seen, self.lock, self.recorder = recorder.seen, recorder.lock, recorder
+        self.instance = instance
 
     def handle_error(self, request: object, client_address: object) -> None:
         pass
@@ -194,7 +201,8 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             counted.in_flight -= held > 0
         with self.server.lock:
-            self.server.seen.append(Seen(self.command, self.path, headers, body))
+            where = getattr(self.server, "instance", "")
+            self.server.seen.append(Seen(self.command, self.path, headers, body, where))
         answer = json.dumps({"object": "list", "data": []}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -400,7 +408,8 @@ def render(
     others = ("anonymous", "limited", "cluster-limited", "rotating", "rotating-tls", "metrics")
     others += ("host-own-keys", "queued")
     others += ("host-pinned", "host-renewed")
-    others += ("fleet-retry", "fleet-busy", "fleet-models", *STARTED_BY_TESTS)
+    others += ("fleet-retry", "fleet-busy", "fleet-models", "fleet-prefix", *STARTED_BY_TESTS)
+    others += ("host-prefix",)
     others += ("engine-gone", "engine-sick", "host-drain", "cluster-broken")
     others += ("host-kit", *KIT_ISSUED)
     others += VERIFYING + CLUSTER_METRICS + SECOND_LISTENERS
@@ -499,6 +508,15 @@ def render(
             "__fleet_door_servers": servers,
         }
 
+    prefixed = over_instances(
+        directory,
+        "host-prefix",
+        ports["host-prefix"],
+        {name: f"{name}.sock" for name in PREFIX_INSTANCES},
+    )
+    prefixed["socketwise_plan"]["load_balancer"]["balance"] = "prefix"
+    prefixed["door_prefix_bytes"] = PREFIX_BYTES
+    fleet_prefix = fleet_over("fleet-prefix", host1=backend_port, big=big_port)
     models_template, models_vars = fleet_over(
         "fleet-models", {"big": BIG_MODEL}, host1=backend_port, host2=backend_port, big=big_port
     )
@@ -610,6 +628,13 @@ def render(
                 ports["host-drain"],
                 {INSTANCE: ENGINE_SOCKET, SECOND: ENGINE_SOCKET},
             ),
+        ),
+        # A host's door balancing by prompt prefix (plan_balance prefix) over three instances.
+        "host-prefix": ("haproxy.cfg.j2", prefixed),
+        # A fleet door balancing by prompt prefix over two hosts (fleet_door_balance prefix).
+        "fleet-prefix": (
+            fleet_prefix[0],
+            fleet_prefix[1] | {"fleet_door_balance": "prefix", "door_prefix_bytes": PREFIX_BYTES},
         ),
         # Reloaded with new keys (test_a_reload_takes_new_keys...).
         "rotating": (
@@ -950,9 +975,10 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
     ports = tuple(serving.server_address[1] for serving in hosts)
     doors = render(directory, *ports)
     engine = EngineSocket(directory / ENGINE_SOCKET, server)
+    prefixed = [EngineSocket(directory / f"{name}.sock", server, name) for name in PREFIX_INSTANCES]
     sick = SickEngine(directory / "sick.sock")
     broken = SickEngine(directory / "broken.sock", health=200)
-    for serving in (engine, sick, broken):
+    for serving in (engine, sick, broken, *prefixed):
         threading.Thread(target=serving.serve_forever, daemon=True).start()
     given = credentials(directory)
     self_signed(directory, "another CA", "other-ca")
@@ -978,7 +1004,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
         for process in processes.values():
             process.terminate()
             process.wait(timeout=10)
-        for serving in (*hosts, engine, sick, broken):
+        for serving in (*hosts, engine, sick, broken, *prefixed):
             serving.shutdown()
             serving.server_close()
 
@@ -1925,3 +1951,105 @@ def test_the_fleet_door_lists_every_model_it_serves_behind_the_key(front):
     assert (
         send(front, "fleet-models", "POST", "/v1/chat/completions", body=COMPLETION).status == 401
     )
+
+
+# --- prefix affinity ----------------------------------------------------------------------
+
+
+def prompted(prompt: str) -> bytes:
+    return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 4}).encode()
+
+
+def chatted(messages: list[dict]) -> bytes:
+    return json.dumps({"model": MODEL, "messages": messages}).encode()
+
+
+def instance_of(front: FrontDoors, body: bytes, held: float = 0) -> str:
+    """The instance of the door balancing by prefix that BODY's completion reached."""
+    headers = bearer(KEY) | ({"X-Delay": str(held)} if held else {})
+    outcome = send(front, "host-prefix", "POST", "/v1/completions", headers, body)
+    assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+    return outcome.reached[0].instance
+
+
+# Prompts that share nothing within the door's PREFIX_BYTES.
+DISTINCT = [f"{n:02d} " + "x" * PREFIX_BYTES for n in range(24)]
+
+
+def test_a_door_balancing_by_prefix_keeps_a_prompts_prefix_on_one_instance(front):
+    # Completions about one document (its first PREFIX_BYTES the same, each question its
+    # own) reach one instance; a conversation growing turn by turn stays on its instance;
+    # prompts with other beginnings spread over all three.
+    document = "D" * PREFIX_BYTES
+    assert len({instance_of(front, prompted(f"{document} question {n}")) for n in range(8)}) == 1
+    system = {"role": "system", "content": "You answer in one line."}
+    turns: list[dict] = [system, {"role": "user", "content": "What is NUMA?"}]
+    seen = set()
+    for n in range(5):
+        seen.add(instance_of(front, chatted(turns)))
+        turns += [
+            {"role": "assistant", "content": f"answer {n}"},
+            {"role": "user", "content": "and?"},
+        ]
+    assert len(seen) == 1, seen
+    # Two conversations under one system prompt are two keys: they spread too.
+    opened = {
+        instance_of(front, chatted([system, {"role": "user", "content": p}])) for p in DISTINCT
+    }
+    assert opened == set(PREFIX_INSTANCES)
+    assert {instance_of(front, prompted(prompt)) for prompt in DISTINCT} == set(PREFIX_INSTANCES)
+
+
+def test_a_hot_prefix_spreads_once_its_instance_holds_more_than_its_share(front):
+    # Nine requests of one prefix at once, each held a second: its instance takes its share
+    # and more (half again the average), the rest go to the next instances, none waits
+    # behind a full one while the others idle.
+    reached: list[str] = []
+
+    def one() -> None:
+        reached.append(instance_of(front, prompted("H" * PREFIX_BYTES), held=1))
+
+    threads = [threading.Thread(target=one) for _ in range(9)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counts = sorted((reached.count(name) for name in set(reached)), reverse=True)
+    assert len(reached) == 9 and len(counts) > 1 and counts[0] < 9, counts
+
+
+def test_an_instance_leaving_moves_only_the_prefixes_it_had(front):
+    # Consistent hashing: with one instance out (a rolling restart drains it), the prefixes
+    # of the other two stay where they were, cached; only the leaving one's move.
+    before = {prompt: instance_of(front, prompted(prompt)) for prompt in DISTINCT}
+    gone = before[DISTINCT[0]]
+    admin_socket = str(front.directory / "host-prefix.sock")
+
+    def state(value: str) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as admin:
+            admin.connect(admin_socket)
+            admin.sendall(f"set server vllm_instances/{gone} state {value}\n".encode())
+            admin.recv(4096)
+
+    state("maint")
+    try:
+        after = {prompt: instance_of(front, prompted(prompt)) for prompt in DISTINCT}
+    finally:
+        state("ready")
+    assert gone not in after.values()
+    assert {p: i for p, i in after.items() if before[p] != gone} == {
+        p: i for p, i in before.items() if i != gone
+    }
+
+
+def test_the_fleet_door_balancing_by_prefix_keeps_a_prefix_on_one_host(front):
+    def host_of(prompt: str) -> str:
+        answered = front.big.answered
+        outcome = send(
+            front, "fleet-prefix", "POST", "/v1/completions", bearer(KEY), prompted(prompt)
+        )
+        assert outcome.status == 200, outcome
+        return "host1" if outcome.reached else "big" if front.big.answered > answered else "none"
+
+    assert len({host_of("F" * PREFIX_BYTES + f" {n}") for n in range(6)}) == 1
+    assert {host_of(prompt) for prompt in DISTINCT} == {"host1", "big"}

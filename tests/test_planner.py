@@ -76,6 +76,22 @@ def test_r730_dp_as_vllm_data_parallel_is_one_instance_with_two_ranks(topo):
     assert result["load_balancer"]["backends"] == [8001]
 
 
+def test_prefix_affinity_is_the_doors_balance_over_two_instances_or_more_and_asked_for(topo):
+    # plan_balance prefix: a DP host's door balances by prompt prefix; one instance (SN,
+    # vLLM's own DP) has nothing to choose between and stays leastconn; the default is
+    # leastconn; another name is refused naming the choices.
+    dp = plan(topo("r730"), PlanRequest(layout="dp", model_gb=8, balance="prefix"))
+    assert dp["load_balancer"]["balance"] == "prefix"
+    for one in (PlanRequest(layout="sn", model_gb=8, balance="prefix"),
+                PlanRequest(layout="dp", dp_mode="vllm", model_gb=8, balance="prefix"),
+                PlanRequest(layout="dp", model_gb=8)):  # fmt: skip
+        assert plan(topo("r730"), one)["load_balancer"]["balance"] == "leastconn"
+    with pytest.raises(PlanError) as refused:
+        plan(topo("r730"), PlanRequest(layout="dp", model_gb=8, balance="hash"))
+    assert refused.value.field == "balance"
+    assert refused.value.alternatives == ["balance leastconn", "balance prefix"]
+
+
 def test_every_layout_serves_behind_the_front_door_on_the_public_port(topo):
     # The front door lets through what the instance's engines schedule at once:
     # vLLM's 128 sequences per rank of a TP group.

@@ -553,6 +553,14 @@ def test_a_scrape_token_that_is_the_previous_key_is_refused_during_a_rotation():
     assert previous not in errors[0]
 
 
+def test_the_prompt_bytes_a_door_balancing_by_prefix_hashes_fit_its_buffer():
+    for good in (16, 512, 8192):
+        assert unit_value_errors({"door_prefix_bytes": good}) == []
+    for bad in (15, 8193, 0):
+        (error,) = unit_value_errors({"door_prefix_bytes": bad})
+        assert error.startswith(f"door_prefix_bytes={bad}: is not 16-8192 bytes; give 16-8192")
+
+
 def test_the_fleet_doors_buffer_is_held_to_what_its_memory_takes():
     # 16 KiB (HAProxy's own) to 128 KiB: at the door's 4,096 connections, about twice the
     # buffer each, more would outgrow its MemoryMax.

@@ -81,6 +81,7 @@ def shape(plan: dict) -> dict:
         "layout": plan["layout"],
         "dp_mode": plan["dp_mode"],
         "endpoint_port": plan["endpoint_port"],
+        "balance": plan["load_balancer"]["balance"],
         "instances": [
             {
                 "name": i["name"],
@@ -109,9 +110,9 @@ def changes(deployed: dict | None, planned: dict) -> list[str]:
     old, new = shape(deployed), shape(planned)
     # How DP runs only means something between two DP plans.
     keys = (
-        ("layout", "dp_mode", "endpoint_port")
+        ("layout", "dp_mode", "endpoint_port", "balance")
         if old["dp_mode"] and new["dp_mode"]
-        else ("layout", "endpoint_port")
+        else ("layout", "endpoint_port", "balance")
     )
     for key in keys:
         if old[key] != new[key]:

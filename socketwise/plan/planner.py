@@ -54,6 +54,7 @@ from .shape import (
 
 LAYOUTS = ("sn", "tp", "dp", "auto", "hybrid")
 DP_MODES = ("instances", "vllm")
+BALANCES = ("leastconn", "prefix")
 # What serves: the CPUs (this module), or the GPUs (`gpu`, with the host side bound).
 DEVICES = ("cpu", "gpu")
 # Concurrent requests above which one replica per node beat one instance on the
@@ -306,6 +307,10 @@ def plan(topo: dict, request: PlanRequest) -> dict:
     if request.dp_mode not in DP_MODES:
         raise PlanError(
             "dp_mode", f"unknown DP mode {request.dp_mode!r}", [f"dp mode {x}" for x in DP_MODES]
+        )
+    if request.balance not in BALANCES:
+        raise PlanError(
+            "balance", f"unknown balance {request.balance!r}", [f"balance {x}" for x in BALANCES]
         )
     if request.device not in DEVICES:
         raise PlanError(

@@ -31,6 +31,9 @@ class PlanRequest:
     concurrency: float | None = None
     crossover: float | None = None
     dp_mode: str = "instances"
+    # How the host's door spreads requests over its instances: leastconn, or prefix (the
+    # same leading prompt to the same instance, within a load bound; templates/prefix.j2).
+    balance: str = "leastconn"
     split_nodes: bool = False
     port: int = DEFAULT_PORT
     build_class: str | None = None
@@ -135,9 +138,10 @@ def finish_plan(
             f"after it (up to {highest}, above {MAX_PORT})",
             [f"port {MAX_PORT - len(instances)}"],
         )
+    # Prefix affinity means something between two instances or more; one is leastconn.
     load_balancer = {
         "port": port,
-        "balance": "leastconn",
+        "balance": request.balance if len(instances) > 1 else "leastconn",
         "backends": [i["port"] for i in instances],
     }
     return {

@@ -340,31 +340,37 @@ def unit_value_errors(values: Mapping[str, object]) -> list[str]:
                 "give ORG/NAME with letters, digits and . _ - only",
             )
         )
-    return errors + number_errors(values) + address_errors(values) + _buffer_errors(values)
+    return errors + number_errors(values) + address_errors(values) + _range_errors(values)
 
 
-# The fleet door's request buffer (fleet_door_buffer_bytes): HAProxy's default up to the
-# size whose connections, at the door's 4,096, fill half its MemoryMax (2G; about twice the
-# buffer per connection, scripts/fleet-buffer-memory).
-FLEET_BUFFER_BYTES = (16384, 131072)
+# Sizes a door reads of each request, least and most, and why no more. The fleet door's
+# buffer (fleet_door_buffer_bytes): HAProxy's default up to the size whose connections, at
+# the door's 4,096, fill half its MemoryMax (2G; about twice the buffer per connection,
+# scripts/fleet-buffer-memory). The prompt's leading bytes a door balancing by prefix
+# hashes (door_prefix_bytes): within one buffer of HAProxy's default size.
+RANGES = {
+    "fleet_door_buffer_bytes": (
+        16384,
+        131072,
+        "more would let the door's connections outgrow its memory limit; clients that send "
+        "model before messages need no more",
+    ),
+    "door_prefix_bytes": (16, 8192, "the door reads the prompt from one 16 KiB buffer"),
+}
 
 
-def _buffer_errors(values: Mapping[str, object]) -> list[str]:
-    if "fleet_door_buffer_bytes" not in values:
-        return []
-    size = values["fleet_door_buffer_bytes"]
-    least, most = FLEET_BUFFER_BYTES
-    if isinstance(size, int) and not isinstance(size, bool) and least <= size <= most:
-        return []
-    return [
-        _problem(
-            "fleet_door_buffer_bytes",
-            size,
-            f"is not {least}-{most} bytes",
-            f"give {least}-{most}: more would let the door's connections outgrow its memory "
-            "limit; clients that send model before messages need no more",
+def _range_errors(values: Mapping[str, object]) -> list[str]:
+    errors = []
+    for name, (least, most, why) in RANGES.items():
+        if name not in values:
+            continue
+        size = values[name]
+        if isinstance(size, int) and not isinstance(size, bool) and least <= size <= most:
+            continue
+        errors.append(
+            _problem(name, size, f"is not {least}-{most} bytes", f"give {least}-{most}: {why}")
         )
-    ]
+    return errors
 
 
 NOLOGIN = ("/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false")
