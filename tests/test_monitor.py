@@ -24,7 +24,16 @@ DP = {"layout": "dp", "instances": [{"name": "vllm-dp0"}, {"name": "vllm-dp1"}]}
 
 def test_every_planned_engine_is_a_target_with_the_kits_labels():
     jobs = scrape_targets(
-        [{"host": "h1", "address": "10.0.0.1", "port": 9180, "plan": DP, "hardware_class": "amx"}],
+        [
+            {
+                "host": "h1",
+                "address": "10.0.0.1",
+                "port": 9180,
+                "plan": DP,
+                "hardware_class": "amx",
+                "model": "tiny-llama",
+            }
+        ],
         [{"host": "lb", "address": "fd00::5", "port": "9181"}],
     )
     engines = jobs["socketwise-engines"]
@@ -38,6 +47,7 @@ def test_every_planned_engine_is_a_target_with_the_kits_labels():
             "layout": "dp",
             "hardware_class": "amx",
             "cluster": "",
+            "model": "tiny-llama",
             "socketwise_instance": "vllm-dp1",
         },
     }
@@ -49,6 +59,9 @@ def test_every_planned_engine_is_a_target_with_the_kits_labels():
         doors["lb"]["targets"] == ["[fd00::5]:9181"] and doors["lb"]["labels"]["layout"] == "fleet"
     )
     assert doors["h1"]["labels"]["__metrics_path__"] == "/metrics/door"
+    # A fleet of many models: each host's series carry its model, the fleet door's none.
+    assert node["labels"]["model"] == doors["h1"]["labels"]["model"] == "tiny-llama"
+    assert doors["lb"]["labels"]["model"] == ""
 
 
 def test_a_cluster_is_scraped_at_its_heads_engine_and_every_members_node_and_door():
@@ -73,6 +86,8 @@ def test_a_cluster_is_scraped_at_its_heads_engine_and_every_members_node_and_doo
         "layout": "pp",
         "hardware_class": "",
         "cluster": "a",
+        # As the vllm role names the built-in model it serves (no model variable given).
+        "model": "tiny-llama",
         "socketwise_instance": "llamacpp",
     }
     for job in ("socketwise-nodes", "socketwise-doors"):
@@ -102,12 +117,13 @@ def test_a_duration_prometheus_would_not_read_is_refused(given):
 
 def test_status_shows_a_down_engine_with_its_alert_and_dashes_for_missing_figures():
     engine = {
-        "host": "h1", "socketwise_instance": "vllm-sn", "layout": "sn", "up": False,
+        "host": "h1", "socketwise_instance": "vllm-sn", "model": "", "layout": "sn", "up": False,
         "running": None, "waiting": None, "output_tok_s": None, "kv_cache_usage": None,
         "ttft_p50_s": None, "ttft_p99_s": None, "alerts": ["SocketwiseEngineDown"],
     }  # fmt: skip
     serving = engine | {
-        "socketwise_instance": "vllm-dp0", "layout": "dp", "up": True, "running": 3.0,
+        "socketwise_instance": "vllm-dp0", "model": "chat", "layout": "dp", "up": True,
+        "running": 3.0,
         "waiting": 0.0, "output_tok_s": 812.25, "kv_cache_usage": 0.42, "ttft_p50_s": 0.12,
         "ttft_p99_s": 0.9, "alerts": [],
     }  # fmt: skip
@@ -120,11 +136,21 @@ def test_status_shows_a_down_engine_with_its_alert_and_dashes_for_missing_figure
          "alerts": [alert]}
     )  # fmt: skip
     header, down, up = shown.splitlines()[:3]
-    assert header.split()[:4] == ["HOST", "ENGINE", "LAYOUT", "UP"]
-    assert down.split() == ["h1", "vllm-sn", "sn", "DOWN", *["-"] * 5, "-", "SocketwiseEngineDown"]
+    assert header.split()[:5] == ["HOST", "ENGINE", "MODEL", "LAYOUT", "UP"]
+    assert down.split() == [
+        "h1",
+        "vllm-sn",
+        "-",
+        "sn",
+        "DOWN",
+        *["-"] * 5,
+        "-",
+        "SocketwiseEngineDown",
+    ]
     assert up.split() == [
         "h1",
         "vllm-dp0",
+        "chat",
         "dp",
         "up",
         "3",
@@ -184,8 +210,8 @@ def prometheus() -> Iterator[str]:
 
 def test_status_has_a_row_with_its_figures_for_every_engine_of_every_host(prometheus):
     engines = collect(prometheus)["engines"]
-    h1 = {"host": "h1", "layout": "dp", "hardware_class": "amx", "up": True}
-    h2 = {"host": "h2", "layout": "dp", "hardware_class": "avx512"}
+    h1 = {"host": "h1", "layout": "dp", "model": "tiny-llama", "hardware_class": "amx", "up": True}
+    h2 = {"host": "h2", "layout": "dp", "model": "org/tiny-llama-0.5g", "hardware_class": "avx512"}
     assert [{k: v for k, v in e.items() if k != "alerts"} for e in engines] == [
         h1 | {"socketwise_instance": "vllm-dp0", "running": 3.0, "waiting": 0.0,
               "output_tok_s": 812.25, "kv_cache_usage": 0.42, "ttft_p50_s": 0.12,

@@ -18,7 +18,7 @@ from socketwise.common.promql import (
 DASHBOARD = (
     Path(__file__).resolve().parents[1] / "roles/monitor/files/grafana/socketwise-fleet.json"
 )
-ENGINE_FILTER = 'host=~"$host", socketwise_instance=~"$socketwise_instance"'
+ENGINE_FILTER = 'model=~"$model", host=~"$host", socketwise_instance=~"$socketwise_instance"'
 
 # What the dashboard queries, from the three jobs' exporters: vLLM (socketwise-engines),
 # node exporter (socketwise-nodes), HAProxy (socketwise-doors), and Prometheus itself.
@@ -174,5 +174,20 @@ def test_dashboard_engine_panels_follow_the_variables() -> None:
     variables = {v["name"]: v for v in _load_dashboard()["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("host", "socketwise_instance"):
+    for name in ("model", "host", "socketwise_instance"):
         assert variables[name]["multi"] and variables[name]["includeAll"]
+
+
+def test_the_dashboard_shows_the_models_chosen_and_their_hosts() -> None:
+    """A fleet of many models: every series the dashboard reads but the alerts is of the
+    chosen models (the targets' `model` label), and the host list is theirs."""
+    dashboard = _load_dashboard()
+    for expr in dashboard_expressions(dashboard):
+        for name in metric_names(expr) - {"ALERTS"}:
+            at = [i for i in range(len(expr)) if expr.startswith(name, i)]
+            for start in at:
+                selector = expr[start + len(name) :].split("}", 1)[0]
+                assert selector.startswith("{") and 'model=~"$model"' in selector, expr
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["model"]["query"] == 'label_values(up{job="socketwise-engines"}, model)'
+    assert 'model=~"$model"' in variables["host"]["query"]

@@ -42,7 +42,7 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
     certificate the kit's CA issued it (credentials_tls without a credentials_tls_cert), and
     the model it serves (vllm_served_name as this run published it, else from its variables)."""
     from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
-        served_name,
+        host_model,
     )
 
     servers = []
@@ -60,7 +60,7 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
                 "kit": kit,
                 # On the controller: play 1 checks it against credentials_fleet_ca_file.
                 "cert": cert,
-                "model": str(found.get("vllm_served_name") or served_name(found)),
+                "model": host_model(found),
             }
         )
     return servers

@@ -20,6 +20,9 @@ def _door(found, host):
 def socketwise_scrape_targets(serving, doors, hostvars):
     """{job: static_configs} for the serving hosts SERVING that this run planned (a cluster
     member by its cluster's plan) and the fleet doors DOORS."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
+        host_model,
+    )
     from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.serve.monitor import (
         cluster_host_plan,
         scrape_targets,
@@ -37,7 +40,11 @@ def socketwise_scrape_targets(serving, doors, hostvars):
             plan = found.get("socketwise_plan")
         if not plan:
             continue
-        labels = {"hardware_class": build.get("class"), "cluster": found.get("socketwise_cluster")}
+        labels = {
+            "hardware_class": build.get("class"),
+            "cluster": found.get("socketwise_cluster"),
+            "model": host_model(found),
+        }
         hosts.append(_door(found, host) | {"plan": plan} | labels)
     return scrape_targets(hosts, [_door(hostvars[door], door) for door in doors])
 

@@ -86,6 +86,7 @@ def collect(prometheus: str, window: str = "5m") -> dict:
                     "host": key[0],
                     "socketwise_instance": key[1],
                     "layout": labels.get("layout", ""),
+                    "model": labels.get("model", ""),
                     "hardware_class": labels.get("hardware_class", ""),
                     "up": sample["value"][1] == "1",
                     "running": None,
@@ -132,7 +133,8 @@ def _figure(value: float | None, form: str) -> str:
 
 def table(status: dict) -> str:
     """The status as a text table, one row per engine, then the fleet's firing alerts."""
-    header = ("HOST", "ENGINE", "LAYOUT", "UP", "RUN", "WAIT", "OUT TOK/S", "KV", "TTFT P50")
+    header = ("HOST", "ENGINE", "MODEL", "LAYOUT", "UP", "RUN", "WAIT", "OUT TOK/S", "KV")
+    header += ("TTFT P50",)
     header += ("TTFT P99", "ALERTS")
     rows = [header]
     for engine in status["engines"]:
@@ -140,6 +142,7 @@ def table(status: dict) -> str:
             (
                 engine["host"],
                 engine["socketwise_instance"],
+                engine["model"] or "-",
                 engine["layout"],
                 "up" if engine["up"] else "DOWN",
                 _figure(engine["running"], "{:.0f}"),

@@ -48,6 +48,13 @@ def served_name(values: Mapping[str, object]) -> str:
     return "tiny-llama" + ("" if size == BUILTIN_SIZE else f"-{size}")
 
 
+def host_model(found: Mapping[str, object]) -> str:
+    """The model a host serves from its variables FOUND (Ansible's hostvars of it): the
+    vllm_served_name this run published, else served_name() of its inventory values. The
+    fleet door routes by it, the monitor labels the host's series with it."""
+    return str(found.get("vllm_served_name") or served_name(found))
+
+
 # What HAProxy takes in a backend's name; a model's other characters (its '/') become '_'.
 _BACKEND_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 

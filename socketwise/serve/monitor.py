@@ -4,8 +4,9 @@ node exporter and front door of the serving hosts, each through its host's metri
 
 Monitoring reads the plan; it is not a second record of what runs where. Each host comes
 as a dict of its inventory values: `host`, `address` and `port` (its metrics door), and
-`plan` (socketwise_plan, absent on a fleet door), `hardware_class` and `cluster` where it
-has them. The result is Prometheus' `static_configs`, one list per job.
+`plan` (socketwise_plan, absent on a fleet door), `hardware_class`, `cluster` and `model`
+(the name it serves under) where it has them. The result is Prometheus' `static_configs`,
+one list per job.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def _labels(host: dict, layout: str) -> dict[str, str]:
         "layout": layout,
         "hardware_class": str(host.get("hardware_class") or ""),
         "cluster": str(host.get("cluster") or ""),
+        # A fleet of many models: the dashboard and `socketwise status` tell them apart.
+        "model": str(host.get("model") or ""),
     }
 
 
