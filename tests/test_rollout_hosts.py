@@ -18,11 +18,13 @@ INVENTORY = {
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
         "hosts": {
             "single-01": {},
-            "single-02": {},
+            # A second model (a fleet of many models), on two hosts among the others.
+            "single-02": {"vllm_served_model_name": "big"},
             "head-01": {"socketwise_cluster": "c1", "socketwise_cluster_head": "head-01"},
             "worker-01": {"socketwise_cluster": "c1", "socketwise_cluster_head": "head-01"},
             # More single hosts, after a cluster's: the batches keep the inventory's order.
             **{f"single-0{n}": {} for n in range(3, 8)},
+            "single-08": {"vllm_model_hf_id": "org/big"},
         },
         "children": {
             "socketwise_frontdoor": {"hosts": {"lb-01": {}}},
@@ -95,11 +97,13 @@ def test_the_record_and_the_batches_reach_only_hosts_outside_clusters(rollout):
     assert rollout.output.count(f"PLAY [{BATCHES}]") == len(SINGLES)
 
 
-def test_the_batches_follow_the_inventorys_order(rollout):
+def test_the_batches_follow_the_inventorys_order_one_models_hosts_at_a_time(rollout):
     # rollout_batch: 1 rolls the inventory's first serving host first (a canary is the
-    # host the operator lists first), whichever host's check came back first.
+    # host the operator lists first), whichever host's check came back first; the hosts
+    # of its model all go before the next model's (single-02 and single-08 serve "big").
     batches = re.findall(rf"reached (\S+) in {re.escape(BATCHES)}", rollout.output)
-    assert batches == list(SINGLES)
+    big = ["single-02", "single-08"]
+    assert batches == [host for host in SINGLES if host not in big] + big
 
 
 def test_the_fleet_front_door_still_lists_every_serving_host(rollout):

@@ -3,7 +3,8 @@
 `socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate, and
 `socketwise.kit.serving_hosts`, the hosts that serve (`groups | socketwise.kit.serving_hosts`),
 `socketwise.kit.served_name`, the name a host serves its model under, and
-`socketwise.kit.fleet_models`, the fleet door's backend for each model."""
+`socketwise.kit.fleet_models`, the fleet door's backend for each model, and
+`socketwise.kit.by_model`, hosts in a rollout's order (one model's at a time)."""
 
 import ipaddress
 
@@ -66,6 +67,20 @@ def socketwise_fleet_servers(hosts, hostvars, default_listen):
     return servers
 
 
+def socketwise_by_model(hosts, hostvars):
+    """HOSTS grouped by the model each serves, the models in the order they first come and
+    each model's hosts in HOSTS' order: a rollout's batches take one model's hosts at a
+    time, so the other models keep every host while they roll."""
+    from ansible_collections.socketwise.kit.plugins.module_utils.socketwise.plan.fleet import (
+        host_model,
+    )
+
+    grouped = {}
+    for host in hosts:
+        grouped.setdefault(host_model(hostvars[host]), []).append(host)
+    return [host for same in grouped.values() for host in same]
+
+
 def socketwise_fleet_sources(doors, hostvars, default_listen):
     """The addresses of the fleet doors DOORS (hosts of socketwise_frontdoor), which a host's
     door exempts from its per-client limits: the fleet door carries every client. The fleet
@@ -103,6 +118,7 @@ class FilterModule:
         return {
             "fleet_servers": socketwise_fleet_servers,
             "fleet_sources": socketwise_fleet_sources,
+            "by_model": socketwise_by_model,
             "fleet_trusting": socketwise_fleet_trusting,
             "serving_hosts": core_filter("plan.fleet", "serving_hosts"),
             "served_name": core_filter("plan.fleet", "served_name"),
