@@ -335,3 +335,22 @@ def test_a_step_s_own_seed_picks_its_prompts_with_either_tool(tmp_path):
     assert option(benchrun.vllm_args(SPEC, step | {"seed": 99}, tmp_path, auth), "--seed") == "99"
     guidellm = benchrun.guidellm_args(SPEC, step | {"seed": 99}, tmp_path, auth)
     assert option(guidellm, "--seed") == "kind=static,value=99"
+
+
+def test_a_prefix_step_sends_prompts_that_share_a_few_beginnings(tmp_path):
+    # The sweep's dataset `prefix`: vLLM's prefix_repetition, 4 beginnings of three
+    # quarters of the prompt each and every prompt one of them and its own end; a random
+    # step keeps vLLM's random prompts of input_len tokens.
+    auth = benchrun.Auth(SPEC, tmp_path)
+    step = {"name": "c2", "num_prompts": 8, "input_len": 256, "output_len": 64,
+            "concurrency": 2}  # fmt: skip
+    shared = benchrun.vllm_args(SPEC, step | {"dataset": "prefix"}, tmp_path, auth)
+    assert option(shared, "--dataset-name") == "prefix_repetition"
+    assert (option(shared, "--prefix-repetition-prefix-len"),
+            option(shared, "--prefix-repetition-suffix-len")) == ("192", "64")  # fmt: skip
+    assert option(shared, "--prefix-repetition-num-prefixes") == "4"
+    assert option(shared, "--prefix-repetition-output-len") == "64"
+    plain = benchrun.vllm_args(SPEC, step, tmp_path, auth)
+    assert option(plain, "--dataset-name") == "random"
+    assert option(plain, "--random-input-len") == "256"
+    assert "--prefix-repetition-prefix-len" not in plain

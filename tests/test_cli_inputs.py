@@ -227,6 +227,8 @@ def test_an_unwritable_report_path_is_refused_in_one_line(tmp_path):
         (["--rate-fractions", "-1"], "--rate-fractions '-1'"),
         (["--step-seconds", "nan"], "--step-seconds nan"),
         (["--repetitions", "0"], "--repetitions 0"),
+        (["--dataset", "sharegpt"], "--dataset 'sharegpt': choose random or prefix"),
+        (["--dataset", "prefix", "--tool", "guidellm"], "--dataset prefix needs --tool vllm"),
     ],
 )
 def test_sweep_flags_no_run_can_use_are_refused_before_anything_runs(tmp_path, flags, words):

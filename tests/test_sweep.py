@@ -4,7 +4,8 @@ import csv
 import json
 from pathlib import Path
 
-from socketwise.measure import sweep
+from socketwise.cli import build_parser
+from socketwise.measure import sweep, sweepcli
 from socketwise.measure.rundir import SUMMARY_COLUMNS, write_csv
 from socketwise.measure.runner import failures
 from socketwise.measure.sweep import Profile, Sweep, prompt_seed, run_fixed, summary_rows
@@ -160,3 +161,20 @@ def test_a_failed_step_says_why_not_only_that_items_failed():
         "lab1: Run step max: guidellm: connection refused",
         "lab2: Wait: timed out",
     ]
+
+
+def test_every_step_of_a_sweep_sends_its_profiles_prompts():
+    # A sweep of shared prefixes: each step, the flat-out run and the adaptive search's
+    # bracket send prefix_repetition's prompts, not random ones; dp-prefix is dp whose
+    # door balances by prefix.
+    profile = Profile(concurrencies=[2], rate_fractions=[0.5], dataset="prefix")
+    steps = profile.steps(4.0) + [sweep._flat_out_step(profile)]
+    assert {step["dataset"] for step in steps} == {"prefix"}
+    assert {step["dataset"] for step in Profile().steps(4.0)} == {"random"}
+    assert sweep.LAYOUTS["dp-prefix"] == sweep.LAYOUTS["dp"] | {"plan_balance": "prefix"}
+
+
+def test_the_sweeps_dataset_flag_reaches_its_profile():
+    args = build_parser().parse_args(["sweep", "--dataset", "prefix", "--layouts", "dp,dp-prefix"])
+    assert sweepcli._profile(args).dataset == "prefix"
+    assert sweepcli._profile(build_parser().parse_args(["sweep"])).dataset == "random"

@@ -142,9 +142,7 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
         "--base-url", spec["base_url"].rsplit("/v1", 1)[0],
         "--model", spec["model"],
         "--tokenizer", spec["tokenizer"],
-        "--dataset-name", "random",
-        "--random-input-len", str(step["input_len"]),
-        "--random-output-len", str(step["output_len"]),
+        *dataset_args(step),
         "--num-prompts", str(step["num_prompts"]),
         "--ignore-eos",
         "--seed", str(step_seed(spec, step)),
@@ -162,6 +160,27 @@ def vllm_args(spec: dict, step: dict, step_dir: Path, auth: Auth) -> list[str]:
         # answers its first requests slower.
         args += ["--num-warmups", str(step["warmups"])]
     return args
+
+
+# prefix_repetition's distinct beginnings in a step (the sweep's dataset `prefix`).
+PREFIXES = 4
+
+
+def dataset_args(step: dict) -> list[str]:
+    """vLLM's benchmark's prompts for STEP: random ones of input_len tokens, or (dataset
+    `prefix`) prefix_repetition's, PREFIXES beginnings of three quarters of input_len each
+    and every prompt one of them and its own end, as many tokens in all."""
+    if step.get("dataset", "random") == "random":
+        return ["--dataset-name", "random", "--random-input-len", str(step["input_len"]),
+                "--random-output-len", str(step["output_len"])]  # fmt: skip
+    prefix = step["input_len"] * 3 // 4
+    return [
+        "--dataset-name", "prefix_repetition",
+        "--prefix-repetition-prefix-len", str(prefix),
+        "--prefix-repetition-suffix-len", str(step["input_len"] - prefix),
+        "--prefix-repetition-num-prefixes", str(PREFIXES),
+        "--prefix-repetition-output-len", str(step["output_len"]),
+    ]  # fmt: skip
 
 
 def step_seed(spec: dict, step: dict) -> int:

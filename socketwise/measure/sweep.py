@@ -59,7 +59,13 @@ LAYOUTS = {
     "tp": {"plan_layout": "tp"},
     "dp": {"plan_layout": "dp", "plan_dp_mode": "instances"},
     "dp-vllm": {"plan_layout": "dp", "plan_dp_mode": "vllm"},
+    # DP whose door balances by prompt prefix (plan_balance prefix), against `dp`'s leastconn.
+    "dp-prefix": {"plan_layout": "dp", "plan_dp_mode": "instances", "plan_balance": "prefix"},
 }
+# The prompts a step sends: vLLM's random ones, or prefix_repetition's (a few shared
+# beginnings, every prompt one of them and its own end: benchrun.dataset_args), where a
+# door that keeps a prefix on one instance finds it cached there.
+DATASETS = ("random", "prefix")
 
 
 # Requests the first step after each deploy sends before it measures (vLLM's benchmark
@@ -87,9 +93,16 @@ class Profile:
     # Seed of the benchmark's random prompts, from which each step's own is drawn
     # (prompt_seed): the same step seed, the same requests.
     seed: int = 0
+    # DATASETS: random prompts, or prompts sharing PREFIXES beginnings.
+    dataset: str = "random"
+
+    def shape(self) -> dict:
+        """What every step's prompts are: their lengths and dataset."""
+        return {"input_len": self.input_len, "output_len": self.output_len,
+                "dataset": self.dataset}  # fmt: skip
 
     def steps(self, max_rate: float) -> list[dict]:
-        shape = {"input_len": self.input_len, "output_len": self.output_len}
+        shape = self.shape()
         steps = []
         for repetition in range(self.repetitions):
             suffix = f"-{repetition + 1}" if self.repetitions > 1 else ""
@@ -117,8 +130,7 @@ class Profile:
     def rate_step(self, rate: float) -> dict:
         """An open-loop step of about step_seconds at `rate` req/s."""
         prompts = max(self.min_prompts, math.ceil(rate * self.step_seconds))
-        return {"name": f"r{rate:g}", "rate": rate, "num_prompts": prompts,
-                "input_len": self.input_len, "output_len": self.output_len}  # fmt: skip
+        return {"name": f"r{rate:g}", "rate": rate, "num_prompts": prompts, **self.shape()}
 
 
 def served_hosts(inventory: Path) -> list[str]:
@@ -362,7 +374,7 @@ class Sweep:
 
 def _flat_out_step(profile: Profile) -> dict:
     return {"name": "max", "rate": "inf", "num_prompts": profile.calibration_prompts,
-            "input_len": profile.input_len, "output_len": profile.output_len}  # fmt: skip
+            **profile.shape()}  # fmt: skip
 
 
 def run_fixed(experiment: Sweep, layouts: list[str]) -> dict:
@@ -390,7 +402,7 @@ def run_adaptive(experiment: Sweep, layouts: list[str], rounds: int) -> dict:
     profile = experiment.profile
     bracket = [
         {"name": "c1", "concurrency": 1, "num_prompts": profile.min_prompts,
-         "input_len": profile.input_len, "output_len": profile.output_len},
+         **profile.shape()},
         _flat_out_step(profile),
     ]  # fmt: skip
     # The search is between the kit's layouts; the baseline is bracketed, not bisected.

@@ -15,7 +15,7 @@ from pathlib import Path
 from socketwise.measure import hostcount
 from socketwise.measure.rundir import RunDirError
 from socketwise.measure.runner import SweepError
-from socketwise.measure.sweep import LAYOUTS, TOOLS, Profile, sweep
+from socketwise.measure.sweep import DATASETS, LAYOUTS, TOOLS, Profile, sweep
 
 
 def positive(flag: str, value: float) -> None:
@@ -42,6 +42,12 @@ def register(
     parser.add_argument("--rate-fractions", default="0.25,0.5,0.75,1.0,1.5")
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument(
+        "--dataset",
+        default="random",
+        help="the prompts: random, or prefix (a few shared beginnings, each prompt one of "
+        "them and its own end; the vllm load generator only)",
+    )
     parser.add_argument("--step-seconds", type=float, default=300.0)
     parser.add_argument("--repetitions", type=int, default=1)
     parser.add_argument("--no-restore", action="store_true", help="leave the last layout")
@@ -87,7 +93,12 @@ def _profile(args: argparse.Namespace) -> Profile:
         ("--rounds", args.rounds),
     ):
         positive(flag, value)
+    if args.dataset not in DATASETS:
+        raise SweepError(f"--dataset {args.dataset!r}: choose {' or '.join(DATASETS)}")
+    if args.dataset != "random" and args.tool != "vllm":
+        raise SweepError(f"--dataset {args.dataset} needs --tool vllm (prefix_repetition)")
     return Profile(
+        dataset=args.dataset,
         concurrencies=numbers("--concurrencies", args.concurrencies, int),
         rate_fractions=numbers("--rate-fractions", args.rate_fractions, float),
         input_len=args.input_len,
