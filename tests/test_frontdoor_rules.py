@@ -2013,11 +2013,23 @@ def chatted(messages: list[dict]) -> bytes:
 
 
 def instance_of(front: FrontDoors, body: bytes, held: float = 0) -> str:
-    """The instance of the door balancing by prefix that BODY's completion reached."""
+    """The instance of the door balancing by prefix that BODY's completion reached. After
+    an answer HAProxy counts the request on its instance a moment longer: the next one,
+    sent at once, could find that instance over the load bound (one in flight is more than
+    half again the average of none) and go to the next. A sequential request waits it out."""
     headers = bearer(KEY) | ({"X-Delay": str(held)} if held else {})
     outcome = send(front, "host-prefix", "POST", "/v1/completions", headers, body)
     assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+    if not held:
+        time.sleep(0.02)
     return outcome.reached[0].instance
+
+
+def usual_instance(front: FrontDoors, body: bytes) -> str:
+    """The instance most of three of BODY's completions reached (one the load bound sent
+    on is outvoted)."""
+    reached = [instance_of(front, body) for _ in range(3)]
+    return max(set(reached), key=reached.count)
 
 
 # Prompts that share nothing within the door's PREFIX_BYTES.
@@ -2069,7 +2081,7 @@ def test_a_hot_prefix_spreads_once_its_instance_holds_more_than_its_share(front)
 def test_an_instance_leaving_moves_only_the_prefixes_it_had(front):
     # Consistent hashing: with one instance out (a rolling restart drains it), the prefixes
     # of the other two stay where they were, cached; only the leaving one's move.
-    before = {prompt: instance_of(front, prompted(prompt)) for prompt in DISTINCT}
+    before = {prompt: usual_instance(front, prompted(prompt)) for prompt in DISTINCT}
     gone = before[DISTINCT[0]]
     admin_socket = str(front.directory / "host-prefix.sock")
 
@@ -2081,7 +2093,7 @@ def test_an_instance_leaving_moves_only_the_prefixes_it_had(front):
 
     state("maint")
     try:
-        after = {prompt: instance_of(front, prompted(prompt)) for prompt in DISTINCT}
+        after = {prompt: usual_instance(front, prompted(prompt)) for prompt in DISTINCT}
     finally:
         state("ready")
     assert gone not in after.values()

@@ -1,8 +1,8 @@
 """The filters `socketwise.kit.fleet_servers`, where the fleet front door reaches each host,
 `socketwise.kit.fleet_sources`, the addresses a host's door sees the fleet door come from,
-`socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate, and
+`socketwise.kit.fleet_trusting`, the hosts whose door takes the fleet door's certificate,
 `socketwise.kit.serving_hosts`, the hosts that serve (`groups | socketwise.kit.serving_hosts`),
-`socketwise.kit.served_name`, the name a host serves its model under, and
+`socketwise.kit.served_name`, the name a host serves its model under,
 `socketwise.kit.fleet_models`, the fleet door's backend for each model, and
 `socketwise.kit.by_model`, hosts in a rollout's order (one model's at a time)."""
 

@@ -134,8 +134,7 @@ def _figure(value: float | None, form: str) -> str:
 def table(status: dict) -> str:
     """The status as a text table, one row per engine, then the fleet's firing alerts."""
     header = ("HOST", "ENGINE", "MODEL", "LAYOUT", "UP", "RUN", "WAIT", "OUT TOK/S", "KV")
-    header += ("TTFT P50",)
-    header += ("TTFT P99", "ALERTS")
+    header += ("TTFT P50", "TTFT P99", "ALERTS")
     rows = [header]
     for engine in status["engines"]:
         rows.append(

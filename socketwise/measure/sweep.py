@@ -93,7 +93,7 @@ class Profile:
     # Seed of the benchmark's random prompts, from which each step's own is drawn
     # (prompt_seed): the same step seed, the same requests.
     seed: int = 0
-    # DATASETS: random prompts, or prompts sharing PREFIXES beginnings.
+    # One of DATASETS: random prompts, or prompts sharing a few beginnings.
     dataset: str = "random"
 
     def shape(self) -> dict:
