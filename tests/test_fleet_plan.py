@@ -238,6 +238,9 @@ def test_the_fleet_door_has_a_backend_per_model_and_fleet_alone_for_one():
         ("big", "fleet-big", ["b"]),
         ("org_chat", "fleet-org_chat-3", ["d"]),
     ]
+    # A numbered name that another model's name already reads as is numbered on.
+    clash = fleet.model_backends([server("a", "a_b-3"), server("b", "a/b"), server("c", "a_b")])
+    assert [b["backend"] for b in clash] == ["fleet-a_b-3", "fleet-a_b", "fleet-a_b-4"]
 
 
 def test_the_dry_run_plans_the_build_class_a_host_asks_for(tmp_path):

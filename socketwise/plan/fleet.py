@@ -73,9 +73,10 @@ def model_backends(servers: list[Mapping[str, object]]) -> list[dict]:
                 for model, found in models.items()]  # fmt: skip
     backends, taken = [], set()
     for model, found in models.items():
-        backend = "fleet-" + _BACKEND_UNSAFE.sub("_", model)
-        if backend in taken:
-            backend += f"-{len(backends) + 1}"
+        backend = plain = "fleet-" + _BACKEND_UNSAFE.sub("_", model)
+        number = len(backends) + 1
+        while backend in taken:
+            backend, number = f"{plain}-{number}", number + 1
         taken.add(backend)
         backends.append({"model": model, "backend": backend, "servers": found})
     return backends
