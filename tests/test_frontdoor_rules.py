@@ -401,6 +401,7 @@ def render(
     busy_port: int,
     dying_port: int,
     big_port: int,
+    moved_port: int,
 ) -> dict[str, Door]:
     """The configurations as the roles render them: templates/*.j2 through Ansible's
     template module, with the role's defaults/main.yml and vars/main.yml and its filters;
@@ -408,7 +409,8 @@ def render(
     others = ("anonymous", "limited", "cluster-limited", "rotating", "rotating-tls", "metrics")
     others += ("host-own-keys", "queued")
     others += ("host-pinned", "host-renewed")
-    others += ("fleet-retry", "fleet-busy", "fleet-models", "fleet-prefix", *STARTED_BY_TESTS)
+    others += ("fleet-retry", "fleet-moved", "fleet-busy", "fleet-models", "fleet-prefix")
+    others += STARTED_BY_TESTS
     others += ("host-prefix",)
     others += ("engine-gone", "engine-sick", "host-drain", "cluster-broken")
     others += ("host-kit", *KIT_ISSUED)
@@ -649,6 +651,8 @@ def render(
         "fleet": ("fleet-haproxy.cfg.j2", {}),
         # Over a host whose door answers 503 (its instances restarting) and one that serves.
         "fleet-retry": fleet_over("fleet-retry", restarting=refusing_port, host1=backend_port),
+        # Over a host moved to another model (its door answers 404) and one that serves.
+        "fleet-moved": fleet_over("fleet-moved", moved=moved_port, host1=backend_port),
         # Over one host whose door is busy: its /health answers late.
         "fleet-busy": fleet_over("fleet-busy", busy=busy_port),
         # A fleet of two models: two hosts serve MODEL (one of which playbooks/drain.yml takes
@@ -977,6 +981,8 @@ class FrontDoors:
     dying: HostDoor
     # The host of the fleet of two models that serves BIG_MODEL.
     big: HostDoor
+    # A host that serves another model than its fleet door knows: it answers 404.
+    moved: HostDoor
     sick: SickEngine
     broken: SickEngine
     # When the doors started (time.monotonic()).
@@ -993,8 +999,8 @@ class FrontDoors:
 def front(tmp_path_factory) -> Iterator[FrontDoors]:
     directory = tmp_path_factory.mktemp("frontdoor")
     server, refusing, busy = Recorder(), HostDoor(503), HostDoor(200, BUSY_HEALTH_SECONDS)
-    dying, big = HostDoor(200), HostDoor(200)
-    hosts = (server, refusing, busy, dying, big)
+    dying, big, moved = HostDoor(200), HostDoor(200), HostDoor(404)
+    hosts = (server, refusing, busy, dying, big, moved)
     for serving in hosts:
         threading.Thread(target=serving.serve_forever, daemon=True).start()
     ports = tuple(serving.server_address[1] for serving in hosts)
@@ -1024,6 +1030,7 @@ def front(tmp_path_factory) -> Iterator[FrontDoors]:
             busy,
             dying,
             big,
+            moved,
             sick,
             broken,
             time.monotonic(),
@@ -1914,6 +1921,16 @@ def test_the_fleet_door_sends_a_completion_a_host_refuses_with_503_to_another(fr
         assert outcome.status == 200 and len(outcome.reached) == 1, outcome
         assert outcome.reached[0].body == COMPLETION
     assert front.refusing.answered > 0
+
+
+def test_the_fleet_door_sends_a_completion_a_host_answers_404_to_another(front):
+    # A host a deploy moves to another model answers 404 for the model it served from its
+    # instances' restart until the fleet door takes its new model at the run's end: a
+    # completion sent there in between is retried on a host that still serves it.
+    for _ in range(6):
+        outcome = send(front, "fleet-moved", "POST", "/v1/completions", bearer(KEY), COMPLETION)
+        assert outcome.status == 200 and len(outcome.reached) == 1, outcome
+    assert front.moved.answered > 0
 
 
 # --- a fleet of many models ---------------------------------------------------------------
