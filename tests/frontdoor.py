@@ -97,10 +97,15 @@ def call(
         connection.close()
 
 
-def completion_tokens(address: str, port: int, key: str, tls: bool = False) -> int:
-    status, body = call(address, port, "/v1/completions", key, COMPLETION, tls)
+def completion_tokens(
+    address: str, port: int, key: str, tls: bool = False, model: str = COMPLETION["model"]
+) -> int:
+    """The tokens of one completion of MODEL, which must be answered as MODEL."""
+    status, body = call(address, port, "/v1/completions", key, COMPLETION | {"model": model}, tls)
     assert status == 200, (status, body[:300])
-    return json.loads(body)["usage"]["completion_tokens"]
+    answer = json.loads(body)
+    assert answer["model"] == model, answer
+    return answer["usage"]["completion_tokens"]
 
 
 def streamed_reads(address: str, port: int, key: str, tokens: int = 128) -> tuple[int, int]:

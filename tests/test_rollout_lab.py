@@ -5,11 +5,13 @@ completions through that front door.
 One deployment for the module (rollout1 with one instance, rollout2 with two replicas);
 each stage builds on the last: a rollout that changes nothing (in a ramp of batches), a
 rolling update to a new release (a new model revision and a changed vLLM argument), a
-rollout whose first host cannot become healthy (the second is never reached), a canary
-whose new release the benchmark gate finds slower (when asked: GATE), and a vLLM killed
-under load. The lab inventory gets `--enforce-eager` here: the tiny model then restarts
-in about 20 s instead of 60 s (torch compile), which the rollout's logic does not depend
-on.
+vLLM killed under load, rollout2 turned to serving the tiny model under another name (two
+models behind the one fleet door from then on), a rollout whose first host cannot become
+healthy (the second is never reached, the other model's load loses nothing), a canary
+whose new release the benchmark gate finds slower (when asked: GATE), and a client key
+rotation under a load of both models. The lab inventory gets `--enforce-eager` here: the
+tiny model then restarts in about 20 s instead of 60 s (torch compile), which the
+rollout's logic does not depend on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
+import itertools
 import json
 import re
 import secrets
@@ -85,7 +88,10 @@ FLAT_OUT_SECONDS = 20
 # Requests of the new key's client served before it stops (the key-rotation stage): a
 # few, so both hosts' doors are seen passing the new key.
 SWITCHED_SERVED = 6
-LOAD_REQUEST = {"model": "tiny-llama", "prompt": "socketwise rolls out", "max_tokens": 32}
+# The model each serving host's engines answer as: the tiny model under two names from the
+# two-model stage on (before it, both hosts serve SN_MODEL).
+MODELS = SN_MODEL, DP_MODEL = ("tiny-llama", "tiny-chat")
+LOAD_REQUEST = {"model": SN_MODEL, "prompt": "socketwise rolls out", "max_tokens": 32}
 
 
 # The monitor (Prometheus and Alertmanager) runs on the fleet door's machine, scraping
@@ -200,6 +206,22 @@ class Fleet:
             ),
         }  # fmt: skip
 
+    def door_log(self, host: str, since: float, requests: int = 0) -> str:
+        """What HOST's door (DOOR_UNITS) logged since SINCE (epoch seconds), one line a
+        request; with REQUESTS, once that many lines of completions are in (HAProxy may
+        write a request's line just after its answer), 10 s at most."""
+        deadline = time.monotonic() + 10
+        while True:
+            lines = self.on(
+                host, f"journalctl -o short-unix --since @{int(since)} -u {DOOR_UNITS[host]}"
+            ).splitlines()  # fmt: skip
+            log = "\n".join(
+                line for line in lines if line[:1].isdigit() and float(line.split()[0]) >= since
+            )
+            if log.count('"POST /v1/completions ') >= requests or time.monotonic() > deadline:
+                return log
+            time.sleep(0.5)
+
     def main_pid(self, host: str, unit: str) -> str:
         """The unit's main process: the same after a reload, another after a restart."""
         return self.on(host, f"systemctl show -p MainPID --value {unit}").strip()
@@ -224,8 +246,11 @@ class Fleet:
         lines = self.on(DOOR, f'python3 -c "{reader}"').splitlines()
         header = lines[0].lstrip("# ").split(",")
         rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        # One backend `fleet`, or one per model (`fleet-MODEL`): a host is in one of them.
         return {
-            r["svname"]: r for r in rows if r.get("pxname") == "fleet" and r["svname"] in SERVING
+            r["svname"]: r
+            for r in rows
+            if r.get("pxname", "").startswith("fleet") and r["svname"] in SERVING
         }
 
 
@@ -254,11 +279,17 @@ class Load:
     """Open-loop load through the fleet front door for as long as it takes: a completion
     every 1/rate seconds (LOAD_RATE unless given), each on a thread of its
     own (a slow answer never delays the next send), from before a change starts until
-    after it ends, or until SERVED requests were served when given. A request fails when
-    the front door answers other than 200, or not at all."""
+    after it ends, or until SERVED requests were served when given. The requests ask for
+    MODELS in turn. A request fails when the front door answers other than 200, or not at
+    all."""
 
     def __init__(
-        self, fleet: Fleet, key: str | None = None, rate: float = LOAD_RATE, served: int = 0
+        self,
+        fleet: Fleet,
+        key: str | None = None,
+        rate: float = LOAD_RATE,
+        served: int = 0,
+        models: tuple[str, ...] = (SN_MODEL,),
     ):
         self.address = fleet.machines[DOOR].address
         self.key = key or api_key_path().read_text().strip()
@@ -272,22 +303,26 @@ class Load:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.served = served
+        self.models = models
         self.launcher = threading.Thread(target=self._launch, daemon=True)
         self.launcher.start()
 
     def _launch(self) -> None:
         while not self.stopping.is_set():
             self.sends.append(time.time())
-            request = threading.Thread(target=self._request, args=(time.monotonic(),), daemon=True)
+            model = self.models[len(self.sends) % len(self.models)]
+            request = threading.Thread(
+                target=self._request, args=(time.monotonic(), model), daemon=True
+            )
             request.start()
             self.requests.append(request)
             self.stopping.wait(1 / self.rate)
 
-    def _request(self, sent: float) -> None:
+    def _request(self, sent: float, model: str) -> None:
         try:
             status, _ = frontdoor.call(
-                self.address, FLEET_PORT, "/v1/completions", self.key, LOAD_REQUEST,
-                timeout=LOAD_TIMEOUT,
+                self.address, FLEET_PORT, "/v1/completions", self.key,
+                LOAD_REQUEST | {"model": model}, timeout=LOAD_TIMEOUT,
             )  # fmt: skip
         except (OSError, http.client.HTTPException):
             status = 0
@@ -310,6 +345,7 @@ class Load:
         assert len(self.answered) == len(self.sends), "a request of the load never returned"
         completed = sum(status == 200 for _, _, status in self.answered)
         return {
+            "models": self.models,
             "rate": self.rate,
             "share": self.share,
             "sent": len(self.sends),
@@ -393,7 +429,8 @@ def told(load: dict) -> str:
     """A load's rate, its share of flat out, its requests sent, answered and failed, and the
     longest one took."""
     return (
-        f"load at {load['rate']} req/s ({load['share']:.1%} of flat out) sent {load['sent']}, "
+        f"load of {', '.join(load['models'])} at {load['rate']} req/s "
+        f"({load['share']:.1%} of flat out) sent {load['sent']}, "
         f"answered {load['completed']}, failed {load['failed']}, slowest {load['slowest']:.1f} s"
     )
 
@@ -408,9 +445,11 @@ def covered(windows: list[tuple[float, float]], until: float) -> bool:
     return reached >= until
 
 
-def rollout_under_load(fleet: Fleet, what: str, *extra: str) -> tuple[PlaybookRun, float, dict]:
-    """rollout.yml while the load runs (sending before the rollout starts)."""
-    load = Load(fleet)
+def rollout_under_load(
+    fleet: Fleet, what: str, *extra: str, models: tuple[str, ...] = (SN_MODEL,)
+) -> tuple[PlaybookRun, float, dict]:
+    """rollout.yml while the load of MODELS runs (sending before the rollout starts)."""
+    load = Load(fleet, models=models)
     time.sleep(5)
     try:
         done, seconds = fleet.run("rollout.yml", *extra)
@@ -561,16 +600,20 @@ def rolled(fleet, noop, new_secret) -> tuple[PlaybookRun, float, dict, dict, set
 
 
 @pytest.fixture(scope="module")
-def failed_rollout(fleet, rolled) -> tuple[PlaybookRun, dict, dict, dict]:
-    """SN_HOST's new release cannot start; DP_HOST is never reached. SN_HOST's host_vars
-    that asked for it go afterwards: the inventory says again what both hosts serve."""
+def failed_rollout(fleet, two_models) -> tuple[PlaybookRun, dict, dict, dict]:
+    """SN_HOST's new release cannot start; DP_HOST is never reached. The load asks for
+    DP_HOST's model alone: a rollout of one model's hosts loses none of another's, while
+    SN_MODEL has no host. SN_HOST's host_vars that asked for it go afterwards: the
+    inventory says again what both hosts serve."""
     args = ["--enforce-eager", "--max-num-seqs", "64", "--no-such-flag"]
     host_vars = fleet.inventory / "host_vars" / f"{SN_HOST}.yml"
     host_vars.write_text(f"vllm_service_extra_args: {json.dumps(args)}\n")
     untouched = fleet.footprint(DP_HOST)
     before = fleet.on(SN_HOST, "readlink /opt/socketwise/releases/current")
     try:
-        done, _, result = rollout_under_load(fleet, f"rollout stopped at {SN_HOST}")
+        done, _, result = rollout_under_load(
+            fleet, f"rollout stopped at {SN_HOST}", models=(DP_MODEL,)
+        )
     finally:
         host_vars.unlink()
     return done, result, {DP_HOST: untouched, SN_HOST: before}, fleet.summary()
@@ -873,65 +916,6 @@ def test_the_new_release_runs_the_new_model_revision_and_argument(fleet, noop, r
     fleet.on(SN_HOST, f"test -d {previous['venv']} && test -d {previous['model']}")
 
 
-def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched(
-    fleet, failed_rollout
-):
-    done, load, before, summary = failed_rollout
-    assert done.returncode != 0
-    assert f"{SN_HOST}: rollout failed at step activate" in done.output
-    assert "unrecognized arguments: --no-such-flag" in done.output
-    assert load["failed"] == 0, failed_story(fleet, load)
-    assert summary[SN_HOST]["rolled_back"] and summary[SN_HOST]["failed_step"] == "activate"
-    assert (
-        summary[SN_HOST]["release_after"] == summary[SN_HOST]["release_before"] == before[SN_HOST]
-    )
-    assert DP_HOST not in summary
-    assert fleet.footprint(DP_HOST) == before[DP_HOST]
-    key = api_key_path().read_text().strip()
-    sn = fleet.machines[SN_HOST].address
-    assert frontdoor.completion_tokens(sn, FLEET_PORT, key, tls=True) > 0
-    # Serving there: UP, or UP with a check just missed on the busy lab ("UP 1/2").
-    assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
-
-
-@GATE
-def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet, gated_canary):
-    done, summary, before = gated_canary
-    entry = summary[SN_HOST]
-    bench = entry["gate"]["bench"]
-    print(f"\n{SN_HOST} gate: before {bench['before']}, after {bench['after']}")
-    assert done.returncode != 0
-    assert f"{SN_HOST}: rollout failed at step gate" in done.output
-    assert f"outside rollout_gate_tolerance={GATE_TOLERANCE}" in done.output
-    # The serving release had no figures (deploy.yml measures none): it was measured
-    # first, drained, with the same benchmark.
-    assert [s["step"] for s in entry["steps"]] == [
-        "install", "drain", "baseline", "activate", "gate", "rollback"
-    ]  # fmt: skip
-    assert bench["tolerance"] == GATE_TOLERANCE
-    for figures in (bench["before"], bench["after"]):
-        assert figures["completed"] == 16 and figures["failed"] == 0
-    # One request at a time shows as lower output tok/s, a longer TTFT p99 or both (which,
-    # depends on the machine); the gate names each figure outside the tolerance.
-    before_figures, after_figures = bench["before"], bench["after"]
-    outside = {
-        "output": after_figures["output_tok_s"]
-        < before_figures["output_tok_s"] * (1 - GATE_TOLERANCE),
-        "TTFT p99": after_figures["ttft_p99_ms"]
-        > before_figures["ttft_p99_ms"] * (1 + GATE_TOLERANCE),
-    }
-    assert any(outside.values()), bench
-    named = {
-        figure for figure in outside for problem in bench["problems"] if problem.startswith(figure)
-    }
-    assert named == {figure for figure, out in outside.items() if out}, bench
-    assert entry["rolled_back"] and entry["release_after"] == entry["release_before"] == before
-    key = api_key_path().read_text().strip()
-    sn = fleet.machines[SN_HOST].address
-    assert frontdoor.completion_tokens(sn, FLEET_PORT, key, tls=True) > 0
-    assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
-
-
 def engine_down(fleet: Fleet) -> float | None:
     """When the monitor's SocketwiseEngineDown for SN_HOST's engine fired (the evaluation
     that found it, in seconds since the epoch), or None while it does not fire."""
@@ -953,9 +937,7 @@ def socketwise_status(fleet: Fleet) -> dict:
     return json.loads(done.stdout)
 
 
-def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(
-    fleet, failed_rollout
-):
+def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(fleet, rolled):
     """...and the monitor's engine-down alert fires within two scrape intervals, reaches the
     webhook, shows in `socketwise status`, and resolves once the engine is back."""
     load = Load(fleet)
@@ -1035,14 +1017,151 @@ def test_a_killed_vllm_costs_at_most_the_requests_sent_before_it_is_marked_down(
 
 
 @pytest.fixture(scope="module")
-def rotated(fleet, failed_rollout) -> tuple[PlaybookRun, dict, dict, dict, str]:
+def two_models(fleet, rolled) -> tuple[PlaybookRun, float, dict, str, str]:
+    """DP_HOST serves the tiny model as DP_MODEL from here on, SN_HOST as SN_MODEL: one
+    deploy.yml, under the load (of SN_MODEL). Returns the run, its seconds, the load, SN_HOST's
+    instance's start before it, and what DP_HOST's door logged meanwhile."""
+    with (fleet.inventory / "host_vars" / f"{DP_HOST}.yml").open("a") as host_vars:
+        host_vars.write(f"vllm_served_model_name: {DP_MODEL}\n")
+    before = fleet.footprint(SN_HOST)["started"]
+    load = Load(fleet)
+    time.sleep(5)
+    try:
+        done, seconds = fleet.run("deploy.yml")
+    finally:
+        result = load.finish()
+    print(
+        f"\n{DP_HOST} to {DP_MODEL} beside {SN_HOST}'s {SN_MODEL}: {seconds:.0f} s; {told(result)}"
+    )
+    return done, seconds, result, before, fleet.door_log(DP_HOST, result["windows"][0][0])
+
+
+def test_a_host_moved_to_another_model_loses_no_request_of_the_one_it_served(fleet, two_models):
+    done, _, load, sn_started, dp_door = two_models
+    assert done.returncode == 0, done.output[-3000:]
+    # From its first replica's restart, DP_HOST answered 404 for SN_MODEL until the fleet
+    # door took its new model at the run's end: the fleet door sent those requests on to
+    # SN_HOST, whose model and release stayed as they were (its instance ran on).
+    assert re.search(r" 404 .*\"POST /v1/completions ", dp_door), dp_door[-3000:]
+    assert load["sent"] > 0 and load["failed"] == 0, failed_story(fleet, load)
+    assert fleet.footprint(SN_HOST)["started"] == sn_started
+
+
+def test_one_fleet_door_sends_each_model_to_the_hosts_that_serve_it(fleet, two_models):
+    key, door = api_key_path().read_text().strip(), fleet.machines[DOOR].address
+    since = time.time()
+    for model in MODELS * 3:
+        assert frontdoor.completion_tokens(door, FLEET_PORT, key, model=model) > 0, model
+    # The fleet door's log names the backend and host of each completion (httplog).
+    log = fleet.door_log(DOOR, since, requests=6)
+    routed = re.findall(r" (fleet\S*)/(\S+) .* \"POST /v1/completions ", log)
+    assert len(routed) == 6 and set(routed) == {
+        (f"fleet-{SN_MODEL}", SN_HOST), (f"fleet-{DP_MODEL}", DP_HOST)
+    }, log  # fmt: skip
+    # /v1/models: the fleet's models, answered by the fleet door behind the key.
+    status, body = frontdoor.call(door, FLEET_PORT, "/v1/models", key)
+    assert status == 200 and {m["id"] for m in json.loads(body)["data"]} == set(MODELS), body
+    assert frontdoor.call(door, FLEET_PORT, "/v1/models")[0] == 401
+
+
+def test_a_model_the_fleet_does_not_serve_gets_404_and_reaches_no_host(fleet, two_models):
+    key, door = api_key_path().read_text().strip(), fleet.machines[DOOR].address
+    before = {host: int(row["stot"]) for host, row in fleet.fleet_servers().items()}
+    since = time.time()
+    status, body = frontdoor.call(
+        door, FLEET_PORT, "/v1/completions", key, LOAD_REQUEST | {"model": "tiny-llama-2"}
+    )  # fmt: skip
+    assert status == 404, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "model_not_found" and all(m in error["message"] for m in MODELS)
+    assert {host: int(row["stot"]) for host, row in fleet.fleet_servers().items()} == before
+    log = fleet.door_log(DOOR, since, requests=1)
+    assert re.search(r" \S+/<NOSRV> .* 404 .*\"POST /v1/completions ", log), log
+
+
+def test_the_monitor_and_status_name_each_engines_model(fleet, two_models):
+    # Prometheus reloaded with the new labels at the deploy's end: its next scrapes carry
+    # them, and `socketwise status` shows them.
+    wanted = {(SN_HOST, "vllm-sn"): SN_MODEL} | {(DP_HOST, r): DP_MODEL for r in REPLICAS}
+    deadline = time.monotonic() + 6 * SCRAPE_INTERVAL
+    while True:
+        status = socketwise_status(fleet)
+        models = {(e["host"], e["socketwise_instance"]): e["model"] for e in status["engines"]}
+        if models == wanted or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert models == wanted
+
+
+def test_a_host_that_cannot_become_healthy_is_rolled_back_and_the_rest_untouched(
+    fleet, failed_rollout
+):
+    done, load, before, summary = failed_rollout
+    assert done.returncode != 0
+    assert f"{SN_HOST}: rollout failed at step activate" in done.output
+    assert "unrecognized arguments: --no-such-flag" in done.output
+    assert load["failed"] == 0, failed_story(fleet, load)
+    assert summary[SN_HOST]["rolled_back"] and summary[SN_HOST]["failed_step"] == "activate"
+    assert (
+        summary[SN_HOST]["release_after"] == summary[SN_HOST]["release_before"] == before[SN_HOST]
+    )
+    assert DP_HOST not in summary
+    assert fleet.footprint(DP_HOST) == before[DP_HOST]
+    key = api_key_path().read_text().strip()
+    sn = fleet.machines[SN_HOST].address
+    assert frontdoor.completion_tokens(sn, FLEET_PORT, key, tls=True) > 0
+    # Serving there: UP, or UP with a check just missed on the busy lab ("UP 1/2").
+    assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
+
+
+@GATE
+def test_the_benchmark_gate_stops_a_slower_release_and_the_host_goes_back(fleet, gated_canary):
+    done, summary, before = gated_canary
+    entry = summary[SN_HOST]
+    bench = entry["gate"]["bench"]
+    print(f"\n{SN_HOST} gate: before {bench['before']}, after {bench['after']}")
+    assert done.returncode != 0
+    assert f"{SN_HOST}: rollout failed at step gate" in done.output
+    assert f"outside rollout_gate_tolerance={GATE_TOLERANCE}" in done.output
+    # The serving release had no figures (deploy.yml measures none): it was measured
+    # first, drained, with the same benchmark.
+    assert [s["step"] for s in entry["steps"]] == [
+        "install", "drain", "baseline", "activate", "gate", "rollback"
+    ]  # fmt: skip
+    assert bench["tolerance"] == GATE_TOLERANCE
+    for figures in (bench["before"], bench["after"]):
+        assert figures["completed"] == 16 and figures["failed"] == 0
+    # One request at a time shows as lower output tok/s, a longer TTFT p99 or both (which,
+    # depends on the machine); the gate names each figure outside the tolerance.
+    before_figures, after_figures = bench["before"], bench["after"]
+    outside = {
+        "output": after_figures["output_tok_s"]
+        < before_figures["output_tok_s"] * (1 - GATE_TOLERANCE),
+        "TTFT p99": after_figures["ttft_p99_ms"]
+        > before_figures["ttft_p99_ms"] * (1 + GATE_TOLERANCE),
+    }
+    assert any(outside.values()), bench
+    named = {
+        figure for figure in outside for problem in bench["problems"] if problem.startswith(figure)
+    }
+    assert named == {figure for figure, out in outside.items() if out}, bench
+    assert entry["rolled_back"] and entry["release_after"] == entry["release_before"] == before
+    key = api_key_path().read_text().strip()
+    sn = fleet.machines[SN_HOST].address
+    assert frontdoor.completion_tokens(sn, FLEET_PORT, key, tls=True) > 0
+    assert fleet.fleet_servers()[SN_HOST]["status"].startswith("UP")
+
+
+@pytest.fixture(scope="module")
+def rotated(fleet, failed_rollout) -> tuple[PlaybookRun, dict, dict, dict, str, dict]:
     """The client key rotated with rollout.yml: a new key, the lab's as the previous one.
-    The load sends the previous key throughout; a second client sends the new one from
-    before the rollout starts, twice a second to see the switch closely, until SWITCHED_SERVED
-    of its requests were served: the fleet door refuses it cheaply until then, but once
-    served, at five times LOAD_RATE, it would keep every engine's worker polling (the
-    fleet guide), and an engine beside the other lab's benchmark answered nothing for
-    minutes (its door marked it down, a request of the load in it)."""
+    The load sends the previous key throughout, asking for both models in turn; a second
+    client sends the new one (and SN_MODEL) from before the rollout starts, twice a second
+    to see the switch closely, until SWITCHED_SERVED of its requests were served: the fleet
+    door refuses it cheaply until then, but once served, at five times LOAD_RATE, it would
+    keep every engine's worker polling (the fleet guide), and an engine beside the other
+    lab's benchmark answered nothing for minutes (its door marked it down, a request of the
+    load in it)."""
     new = fleet.work / "new-api-key"
     new.write_text(secrets.token_hex(24) + "\n")
     new.chmod(0o600)
@@ -1055,6 +1174,7 @@ def rotated(fleet, failed_rollout) -> tuple[PlaybookRun, dict, dict, dict, str]:
             "client key rotation",
             *("-e", f"credentials_api_key_file={new}"),
             *("-e", f"credentials_api_key_previous_file={api_key_path()}"),
+            models=MODELS,
         )
     finally:
         early = switched.finish()
@@ -1069,13 +1189,19 @@ def rotated(fleet, failed_rollout) -> tuple[PlaybookRun, dict, dict, dict, str]:
         if status == 200 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    return done, load, early, {"started": before, "doors": doors}, new.read_text().strip()
+    started = {"started": before, "doors": doors}
+    return done, load, early, started, new.read_text().strip(), fleet.summary()
 
 
 def test_a_key_rotation_under_load_reloads_the_doors_and_loses_no_request(fleet, rotated):
-    done, load, early, before, new = rotated
+    done, load, early, before, new, summary = rotated
     assert done.returncode == 0, done.output[-3000:]
+    # Each model has one host: a host drained for the rotation would leave its model
+    # unserved. The doors take a key with a reload, and each host stayed in the fleet door.
     assert load["sent"] > 0 and load["failed"] == 0, failed_story(fleet, load)
+    for host in SERVING:
+        steps = [step["step"] for step in summary[host]["steps"]]
+        assert steps == ["install", "activate", "gate", "record"], (host, steps)
     # Nothing restarted: every instance and door runs since before (the doors reloaded).
     for host in SERVING:
         assert fleet.footprint(host)["started"] == before["started"][host], host
@@ -1095,9 +1221,10 @@ def test_a_key_rotation_under_load_reloads_the_doors_and_loses_no_request(fleet,
     # Both keys pass every door now (the hosts' and the fleet's, all on port 8000), another
     # does not.
     old = api_key_path().read_text().strip()
+    models = {SN_HOST: [SN_MODEL], DP_HOST: [DP_MODEL], DOOR: list(MODELS)}
     for host in DOOR_UNITS:
         address = fleet.machines[host].address
         tls = host in SERVING
-        for key in (new, old):
-            assert frontdoor.completion_tokens(address, FLEET_PORT, key, tls) > 0, host
+        for key, model in itertools.product((new, old), models[host]):
+            assert frontdoor.completion_tokens(address, FLEET_PORT, key, tls, model) > 0, host
         assert frontdoor.call(address, FLEET_PORT, "/v1/models", new[:-1], tls=tls)[0] == 401, host
