@@ -445,16 +445,25 @@ def covered(windows: list[tuple[float, float]], until: float) -> bool:
     return reached >= until
 
 
+def under_load(
+    fleet: Fleet, playbook: str, *extra: str, models: tuple[str, ...] = (SN_MODEL,)
+) -> tuple[PlaybookRun, float, dict]:
+    """PLAYBOOK while the load of MODELS runs (sending before the playbook starts): the
+    run, its seconds and the load's outcome."""
+    load = Load(fleet, models=models)
+    time.sleep(5)
+    try:
+        done, seconds = fleet.run(playbook, *extra)
+    finally:
+        result = load.finish()
+    return done, seconds, result
+
+
 def rollout_under_load(
     fleet: Fleet, what: str, *extra: str, models: tuple[str, ...] = (SN_MODEL,)
 ) -> tuple[PlaybookRun, float, dict]:
     """rollout.yml while the load of MODELS runs (sending before the rollout starts)."""
-    load = Load(fleet, models=models)
-    time.sleep(5)
-    try:
-        done, seconds = fleet.run("rollout.yml", *extra)
-    finally:
-        result = load.finish()
+    done, seconds, result = under_load(fleet, "rollout.yml", *extra, models=models)
     print(f"\n{what} under load: {seconds:.0f} s; {told(result)}")
     return done, seconds, result
 
@@ -517,12 +526,7 @@ def new_secret(fleet, noop) -> tuple[PlaybookRun, dict, dict[str, float], dict[s
     # What an earlier version left on the fleet door: the client key in frontdoor.env.
     stale = "/etc/socketwise/secrets/frontdoor.env"
     fleet.on(DOOR, f"umask 077; echo SOCKETWISE_API_KEY=an-old-key > {stale}")
-    load = Load(fleet)
-    time.sleep(5)
-    try:
-        done, seconds = fleet.run("deploy.yml", "-e", f"vllm_service_hf_token={token}")
-    finally:
-        result = load.finish()
+    done, seconds, result = under_load(fleet, "deploy.yml", "-e", f"vllm_service_hf_token={token}")
     with (fleet.inventory / "group_vars" / "lab.yml").open("a") as group_vars:
         group_vars.write(f"vllm_service_hf_token: {token}\n")
     instances = {SN_HOST: [VLLM_UNIT], DP_HOST: [f"socketwise-{r}.service" for r in REPLICAS]}
@@ -1024,12 +1028,7 @@ def two_models(fleet, rolled) -> tuple[PlaybookRun, float, dict, str, str]:
     with (fleet.inventory / "host_vars" / f"{DP_HOST}.yml").open("a") as host_vars:
         host_vars.write(f"vllm_served_model_name: {DP_MODEL}\n")
     before = fleet.footprint(SN_HOST)["started"]
-    load = Load(fleet)
-    time.sleep(5)
-    try:
-        done, seconds = fleet.run("deploy.yml")
-    finally:
-        result = load.finish()
+    done, seconds, result = under_load(fleet, "deploy.yml")
     print(
         f"\n{DP_HOST} to {DP_MODEL} beside {SN_HOST}'s {SN_MODEL}: {seconds:.0f} s; {told(result)}"
     )
